@@ -1,0 +1,228 @@
+"""Every private JAX API that host_callback uses, in one place.
+
+Each function names what it wraps. Checked against jax 0.10.2 (Python 3.11)
+and jax 0.12.x (Python 3.12/3.13). `check_jax()` runs at import and fails
+with a clear message when the installed JAX lacks something we need.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import threading
+from typing import Any, Callable, Dict, List, Optional, Sequence, Tuple
+
+import jax
+from jax.interpreters import ad, batching, mlir
+from jax.interpreters import partial_eval as pe
+
+# The private modules, each imported once here and nowhere else.
+from jax._src import callback as _callback
+from jax._src import config as _config
+from jax._src import core as _core
+from jax._src import dispatch as _dispatch
+from jax._src import effects as _effects
+from jax._src import sharding_impls as _sharding_impls
+from jax._src.lib.mlir.dialects import hlo  # StableHLO op builders
+
+SUPPORTED = ">=0.10,<0.13"
+
+_REQUIRED = {
+    _callback: ("emit_python_callback", "_callback_op_sharding"),
+    _config: ("bool_state", "int_state", "enum_state"),
+    _core: ("physical_aval", "Token"),
+    _dispatch: ("apply_primitive", "prim_requires_devices_during_lowering",
+                "runtime_tokens", "RuntimeTokenSet"),
+    _effects: ("Effect", "lowerable_effects", "control_flow_allowed_effects",
+               "custom_derivatives_allowed_effects", "remat_allowed_effects",
+               "ordered_effects", "shardable_ordered_effects"),
+    _sharding_impls: ("ShardingContext", "SPMDAxisContext"),
+    pe: ("partial_eval_jaxpr_custom_rules",),
+}
+
+
+def check_jax() -> None:
+  """Raises ImportError naming the JAX version and what is missing."""
+  missing = [f"{module.__name__}.{name}"
+             for module, names in _REQUIRED.items() for name in names
+             if not hasattr(module, name)]
+  if missing:
+    raise ImportError(
+        f"host_callback supports jax{SUPPORTED}, but the installed jax "
+        f"{jax.__version__} lacks: {', '.join(missing)}. Install a supported "
+        "JAX version, or report this at the host_callback issue tracker.")
+
+
+check_jax()
+
+
+# --- Settings (wraps jax._src.config.*_state: jax.config options that also
+# read JAX_* environment variables and absl flags) -----------------------
+
+def bool_setting(name: str, default: bool, help: str) -> Any:
+  return _config.bool_state(name, default, help)
+
+
+def int_setting(name: str, default: int, help: str) -> Any:
+  return _config.int_state(name, default, help)
+
+
+def enum_setting(name: str, values: Sequence[str], default: str,
+                 help: str) -> Any:
+  return _config.enum_state(name, list(values), default, help,
+                            include_in_jit_key=True)
+
+
+# --- The ordered effect (wraps jax._src.effects registries) ---------------
+
+class HostCallbackEffect(_effects.Effect):
+  """The ordered effect of every host_callback operation."""
+  __str__ = lambda self: "HostCallback"  # noqa: E731
+
+
+host_callback_effect = HostCallbackEffect()
+for _registry in (_effects.lowerable_effects,
+                  _effects.control_flow_allowed_effects,
+                  _effects.custom_derivatives_allowed_effects,
+                  _effects.remat_allowed_effects,
+                  _effects.ordered_effects,
+                  _effects.shardable_ordered_effects):
+  _registry.add_type(HostCallbackEffect)
+
+
+# --- Primitive registration helpers --------------------------------------
+
+def apply_primitive(primitive: Any, *args: Any, **params: Any) -> Any:
+  """Eager evaluation by compiling the primitive (jax._src.dispatch)."""
+  return _dispatch.apply_primitive(primitive, *args, **params)
+
+
+def require_devices_during_lowering(primitive: Any) -> None:
+  """Makes JAX give the device assignment to our lowering (jax._src.dispatch)."""
+  _dispatch.prim_requires_devices_during_lowering.add(primitive)
+
+
+def register_partial_eval_custom_rule(primitive: Any, rule: Callable) -> None:
+  """The rule `jax.checkpoint` uses to split known/staged equations."""
+  pe.partial_eval_jaxpr_custom_rules[primitive] = rule
+
+
+def physical_aval(aval: Any) -> Any:
+  """The aval as the device stores it (PRNG keys become uint32 arrays)."""
+  return _core.physical_aval(aval)
+
+
+# --- Lowering helpers (wrap jax._src.callback and sharding_impls) ---------
+
+@dataclasses.dataclass(frozen=True)
+class ExecutionPlace:
+  """Where a callback op runs: one fixed device, or each device of a mesh."""
+  fixed_device: Optional[Any]          # a jax.Device, when the op runs once
+  mesh_devices: Tuple[Any, ...] = ()   # by partition id, when per device
+
+
+def execution_place(ctx: Any, device_index: int) -> ExecutionPlace:
+  """Where the op being lowered executes, from the lowering's axis context."""
+  axis_context = ctx.module_context.axis_context
+  if isinstance(axis_context, _sharding_impls.SPMDAxisContext):
+    return ExecutionPlace(None, tuple(axis_context.mesh.devices.flat))
+  devices = getattr(axis_context, "device_assignment", None)
+  if not devices:
+    raise ValueError("host_callback: JAX did not provide the device "
+                     "assignment while lowering the computation")
+  if not 0 <= device_index < len(devices):
+    raise ValueError(
+        f"host_callback: device_index={device_index} is out of range for a "
+        f"computation on {len(devices)} device(s); use 0 to "
+        f"{len(devices) - 1}")
+  return ExecutionPlace(devices[device_index])
+
+
+def op_sharding(ctx: Any, place: ExecutionPlace, avals_out: Sequence[Any]) -> Any:
+  """The sharding annotation for a callback op (jax._src.callback)."""
+  sharding = (None if place.fixed_device is None
+              else jax.sharding.SingleDeviceSharding(place.fixed_device))
+  axis_context = ctx.module_context.axis_context
+  if (isinstance(axis_context, _sharding_impls.ShardingContext)
+      and axis_context.num_devices == 1):
+    return None
+  return _callback._callback_op_sharding(axis_context, sharding, avals_out)
+
+
+def emit_python_callback(ctx: Any, callback: Callable, operands: Sequence[Any],
+                         operand_avals: Sequence[Any],
+                         result_avals: Sequence[Any], sharding: Any
+                         ) -> Sequence[Any]:
+  """Emits a side-effecting Python callback threaded on our ordered token.
+
+  Wraps jax._src.callback.emit_python_callback and the token plumbing of
+  jax.interpreters.mlir.LoweringRuleContext.
+  """
+  token = ctx.tokens_in.get(host_callback_effect)
+  op_ctx = ctx.replace(avals_in=list(operand_avals),
+                       avals_out=list(result_avals))
+  results, token, _ = _callback.emit_python_callback(
+      op_ctx, callback, token, list(operands), list(operand_avals),
+      list(result_avals), has_side_effect=True, returns_token=True,
+      sharding=sharding)
+  ctx.set_tokens_out(
+      ctx.tokens_in.update_tokens(mlir.TokenSet({host_callback_effect: token})))
+  return results
+
+
+# --- Dispatched-computation tracking for barrier_wait ---------------------
+# JAX keeps the runtime token of each dispatched computation with effects in a
+# thread-local jax._src.dispatch.runtime_tokens, so `jax.effects_barrier()`
+# sees only the calling thread's. We replace that object by one that also
+# records each token where any thread can wait for it.
+
+class _DispatchTracker:
+  """The latest runtime token per (dispatching thread, device).
+
+  `_lock` guards `_pending`.
+  """
+
+  def __init__(self) -> None:
+    self._lock = threading.Lock()
+    self._pending: Dict[Tuple[int, Any], Any] = {}
+
+  def record(self, device: Any, token: Any) -> None:
+    with self._lock:
+      self._pending[(threading.get_ident(), device)] = token
+
+  def wait_all(self) -> None:
+    """Waits for every computation dispatched so far, from any thread."""
+    with self._lock:
+      snapshot = list(self._pending.items())
+    for key, token in snapshot:
+      try:
+        token.block_until_ready()
+      except Exception:  # pylint: disable=broad-except
+        pass  # the computation's failure is reported through its own outputs
+      with self._lock:
+        if self._pending.get(key) is token:
+          del self._pending[key]
+
+
+dispatch_tracker = _DispatchTracker()
+
+
+class _TrackingRuntimeTokenSet(_dispatch.RuntimeTokenSet):
+
+  def set_output_runtime_token(self, device: Any, token: Any) -> None:
+    super().set_output_runtime_token(device, token)
+    dispatch_tracker.record(device, token)
+
+
+def install_dispatch_tracker() -> None:
+  """Swaps jax._src.dispatch.runtime_tokens for our tracking subclass."""
+  if not isinstance(_dispatch.runtime_tokens, _TrackingRuntimeTokenSet):
+    _dispatch.runtime_tokens = _TrackingRuntimeTokenSet()
+
+
+__all__ = [
+    "ad", "batching", "hlo", "mlir", "pe", "check_jax", "bool_setting", "int_setting",
+    "enum_setting", "host_callback_effect", "apply_primitive",
+    "require_devices_during_lowering", "register_partial_eval_custom_rule",
+    "physical_aval", "ExecutionPlace", "execution_place", "op_sharding",
+    "emit_python_callback", "dispatch_tracker", "install_dispatch_tracker",
+]

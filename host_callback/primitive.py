@@ -1,0 +1,150 @@
+"""The `host_callback` primitive and its rules, in the order JAX applies them.
+
+One primitive serves taps and calls. Its operands are the leaves sent to the
+host (`num_args` of them) followed, for taps, by the leaves of `result=`;
+a tap returns all its operands unchanged (identity), a call returns
+`function.result_avals`.
+"""
+
+from __future__ import annotations
+
+from typing import Any, List, Sequence
+
+import jax
+from jax.extend.core import Primitive
+
+from . import _jax_adapter as adapter
+from . import runtime, settings
+from ._jax_adapter import ad, batching, mlir
+from .host_functions import HostFunction, Transforms
+
+host_callback_p = Primitive("host_callback")
+host_callback_p.multiple_results = True
+adapter.require_devices_during_lowering(host_callback_p)
+
+
+def bind(operands: Sequence[Any], *, function: HostFunction, num_args: int,
+         device_index: int, transforms: Transforms = ()) -> List[Any]:
+  return host_callback_p.bind(*operands, function=function, num_args=num_args,
+                              device_index=device_index, transforms=transforms)
+
+
+# --- impl: eager use goes through the receiver, unless inline ------------
+
+def _impl(*operands, function: HostFunction, num_args: int, device_index: int,
+          transforms: Transforms):
+  if settings.inline.value:
+    arrays = [jax.numpy.asarray(x) for x in operands[:num_args]]
+    device = next(iter(arrays[0].devices())) if arrays else jax.devices()[0]
+    host_arrays = [adapter_host_array(a) for a in arrays]
+    result = runtime.run_inline(function, transforms, host_arrays, device)
+    if not function.is_call:
+      return list(operands)
+    return [jax.numpy.asarray(r) for r in result]
+  return adapter.apply_primitive(
+      host_callback_p, *operands, function=function, num_args=num_args,
+      device_index=device_index, transforms=transforms)
+
+
+def adapter_host_array(array: jax.Array) -> Any:
+  """The NumPy value the host function sees (PRNG keys as their key data)."""
+  if jax.dtypes.issubdtype(array.dtype, jax.dtypes.prng_key):
+    array = jax.random.key_data(array)
+  return jax.device_get(array)
+
+
+host_callback_p.def_impl(_impl)
+
+
+# --- abstract eval: identity for taps, the result avals for calls --------
+
+def _abstract_eval(*avals, function: HostFunction, **_):
+  out = function.result_avals if function.is_call else avals
+  return list(out), {adapter.host_callback_effect}
+
+
+host_callback_p.def_effectful_abstract_eval(_abstract_eval)
+
+
+# --- jvp: tap the primals only; tangents pass through ---------------------
+
+def _jvp(primals, tangents, *, function: HostFunction, **params):
+  if function.is_call:
+    raise NotImplementedError(
+        "host_callback: differentiation rules are implemented only for "
+        "id_tap, not for call. Wrap the call in jax.custom_vjp or "
+        "jax.custom_jvp to give it a derivative.")
+  primals_out = bind(primals, function=function, **params)
+  return primals_out, list(tangents)
+
+
+ad.primitive_jvps[host_callback_p] = _jvp
+
+
+# --- transpose: a tap is the identity; cotangents pass through ------------
+
+def _transpose(cotangents, *operands, function: HostFunction, **_):
+  if function.is_call:
+    raise NotImplementedError("host_callback.call cannot be transposed")
+  return [ct if ad.is_undefined_primal(x) else None
+          for ct, x in zip(cotangents, operands)]
+
+
+ad.primitive_transposes[host_callback_p] = _transpose
+
+
+# --- batching: one tap of the whole batch, recorded in `transforms` -------
+
+def _batch(batched_operands, batch_dims, *, function: HostFunction,
+           num_args: int, device_index: int, transforms: Transforms):
+  if function.is_call:
+    return _batch_call(batched_operands, batch_dims, function=function,
+                       num_args=num_args, device_index=device_index,
+                       transforms=transforms)
+  arg_dims = tuple(batch_dims[:num_args])
+  entry = ("batch", (("batch_dims", arg_dims),))
+  out = bind(batched_operands, function=function, num_args=num_args,
+             device_index=device_index, transforms=transforms + (entry,))
+  return out, list(batch_dims)
+
+
+def _batch_call(batched_operands, batch_dims, **params):
+  """A call under vmap runs the host function once per element, in order."""
+  size = next(x.shape[d] for x, d in zip(batched_operands, batch_dims)
+              if d is not None)
+  moved = [batching.bdim_at_front(x, d, size)
+           for x, d in zip(batched_operands, batch_dims)]
+  out = jax.lax.map(lambda xs: bind(xs, **params), moved)
+  return out, [0] * len(out)
+
+
+batching.primitive_batchers[host_callback_p] = _batch
+
+
+# --- partial eval for jax.checkpoint: re-tap the rematerialised primal ----
+
+def _partial_eval_custom(saveable, unknowns_in, instantiated_in, eqn):
+  del saveable
+  if any(unknowns_in):
+    # Staged only; the residual inputs must be available there.
+    residuals = [x for x, inst in zip(eqn.invars, instantiated_in)
+                 if not inst and not isinstance(x, jax.extend.core.Literal)]
+    return None, eqn, [True] * len(eqn.outvars), [True] * len(eqn.outvars), residuals
+  # Known: run it in the forward pass and again where the primal is
+  # recomputed, as the original did.
+  residuals = [x for x, inst in zip(eqn.invars, instantiated_in)
+               if not inst and not isinstance(x, jax.extend.core.Literal)]
+  return eqn, eqn, [False] * len(eqn.outvars), [True] * len(eqn.outvars), residuals
+
+
+adapter.register_partial_eval_custom_rule(host_callback_p, _partial_eval_custom)
+
+
+# --- lowering ----------------------------------------------------------------
+
+def _lower(ctx, *operands, **params):
+  from . import lowering  # lowering imports this module's primitive
+  return lowering.lower(ctx, *operands, **params)
+
+
+mlir.register_lowering(host_callback_p, _lower, cacheable=False)

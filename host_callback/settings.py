@@ -1,0 +1,78 @@
+"""Settings under their legacy names.
+
+Each is a `jax.config` option, so old code sets it the old ways: the
+environment variable (`JAX_HOST_CALLBACK_INLINE=1`), `jax.config.update(
+"jax_host_callback_inline", True)`, or the absl flag `--jax_host_callback_inline`.
+"""
+
+from __future__ import annotations
+
+import os
+
+from . import _jax_adapter as adapter
+
+MIN_QUEUE_BYTES = 16_000_000
+DEFAULT_QUEUE_BYTES = 256_000_000
+TRANSPORTS = ("auto", "native", "python")
+
+inline = adapter.bool_setting(
+    "jax_host_callback_inline", False,
+    "Run eager (un-jitted) taps and calls in the caller's thread.")
+
+
+
+def _normalize_queue_env(name: str = "JAX_HOST_CALLBACK_MAX_QUEUE_BYTE_SIZE"
+                         ) -> None:
+  """Accepts the legacy '256e6' notation in the environment variable."""
+  raw = os.environ.get(name)
+  if raw is None:
+    return
+  try:
+    value = float(raw)
+  except ValueError:
+    raise ValueError(f"{name}={raw!r} is not a number of bytes") from None
+  if value != int(value):
+    raise ValueError(f"{name}={raw!r} is not a whole number of bytes")
+  os.environ[name] = str(int(value))
+
+
+_normalize_queue_env()
+max_queue_byte_size = adapter.int_setting(
+    "jax_host_callback_max_queue_byte_size", DEFAULT_QUEUE_BYTES,
+    "Bytes of tapped data that may wait per device before the device pauses "
+    f"at its next send (minimum {MIN_QUEUE_BYTES}).")
+
+transport = adapter.enum_setting(
+    "jax_host_callback_transport", TRANSPORTS, "auto",
+    "How packets leave the device: 'native' (C++ XLA FFI handlers, CPU), "
+    "'python' (JAX's Python callbacks), or 'auto' (native when built and on "
+    "CPU).")
+
+outfeed = adapter.bool_setting(
+    "jax_host_callback_outfeed", True,
+    "Legacy switch: False selects the 'python' transport when "
+    "jax_host_callback_transport is 'auto'.")
+
+
+def queue_bytes() -> int:
+  """The validated per-device queue bound."""
+  value = max_queue_byte_size.value
+  if not MIN_QUEUE_BYTES <= value <= 2**62:
+    raise ValueError(
+        "JAX_HOST_CALLBACK_MAX_QUEUE_BYTE_SIZE (jax_host_callback_max_queue_"
+        f"byte_size) must be between {MIN_QUEUE_BYTES} and 2**62 bytes; got "
+        f"{value}")
+  return value
+
+
+def transport_name(native_available: bool) -> str:
+  """The transport to use: 'native' or 'python'."""
+  chosen = transport.value
+  if chosen == "auto":
+    return "native" if native_available and outfeed.value else "python"
+  if chosen == "native" and not native_available:
+    raise RuntimeError(
+        "jax_host_callback_transport='native' was requested but the native "
+        "transport is not built (no C++ compiler at install time?); use "
+        "'python' or 'auto'")
+  return chosen

@@ -1,0 +1,20 @@
+"""The host side of host_callback: queues, threads and bytes (no JAX tracing).
+
+Installed as `host_callback.receiver`.
+"""
+
+from .errors import CallbackException, ErrorLog
+from .packets import Packet, ReceiverStopped, Reply
+from .queues import PacketQueue
+from .receiver import Receiver, in_consumer_thread
+from .registry import Consumer, ConsumerRegistry
+from .runtime import Runtime
+from .transport import QueueStats, Transport, TransportFactory
+from .transport_python import PythonTransport
+
+__all__ = [
+    "CallbackException", "Consumer", "ConsumerRegistry", "ErrorLog", "Packet",
+    "PacketQueue", "PythonTransport", "QueueStats", "Receiver",
+    "ReceiverStopped", "Reply", "Runtime", "Transport", "TransportFactory",
+    "in_consumer_thread",
+]

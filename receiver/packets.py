@@ -1,0 +1,62 @@
+"""Packets that travel from a device to the host, and the replies to them."""
+
+from __future__ import annotations
+
+import dataclasses
+import threading
+from typing import Callable, Optional, Sequence
+
+import numpy as np
+
+# How often a blocked wait wakes up to re-check its way out (stop flag).
+POLL_SECONDS = 0.05
+
+
+class ReceiverStopped(RuntimeError):
+  """Raised to a waiting sender when the receiver stops before replying."""
+
+
+class Reply:
+  """The slot where the host puts the result of one `call` request.
+
+  Owned by the sending (device) thread, which waits on it; the receiver
+  thread fills it exactly once with either arrays or an error.
+  """
+
+  def __init__(self) -> None:
+    self._done = threading.Event()
+    self._arrays: Optional[Sequence[np.ndarray]] = None
+    self._error: Optional[BaseException] = None
+
+  def set_result(self, arrays: Sequence[np.ndarray]) -> None:
+    self._arrays = arrays
+    self._done.set()
+
+  def set_error(self, error: BaseException) -> None:
+    self._error = error
+    self._done.set()
+
+  def wait(self, is_stopped: Callable[[], bool]) -> Sequence[np.ndarray]:
+    """Blocks until the reply is set; raises its error or `ReceiverStopped`."""
+    while not self._done.wait(POLL_SECONDS):
+      if is_stopped():
+        raise ReceiverStopped(
+            "the host_callback receiver was stopped while a device computation "
+            "was waiting for the result of a host_callback.call")
+    if self._error is not None:
+      raise self._error
+    assert self._arrays is not None
+    return self._arrays
+
+
+@dataclasses.dataclass
+class Packet:
+  """What one device sends for one callback: a consumer id and its arrays."""
+  consumer_id: int
+  device_key: int
+  arrays: Sequence[np.ndarray]
+  reply: Optional[Reply] = None
+
+  @property
+  def nbytes(self) -> int:
+    return sum(a.nbytes for a in self.arrays)
