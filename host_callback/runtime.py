@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 import functools
-from typing import Any, Dict, Optional, Sequence
+from typing import Any, Dict, List, Optional, Sequence
 
 import jax
 import numpy as np
@@ -18,6 +18,11 @@ from .receiver import (PythonTransport, Receiver, Runtime, TransportFactory,
 def native_available() -> bool:
   """Whether the native transport was built (issue: native transport)."""
   return False
+
+
+def available_transports() -> List[str]:
+  """The transports this installation can use."""
+  return ["python", "native"] if native_available() else ["python"]
 
 
 def _make_transports() -> Dict[str, TransportFactory]:

@@ -1,0 +1,23 @@
+"""Test set-up: 4 CPU devices, and every test run on each available transport."""
+
+import os
+
+os.environ.setdefault("XLA_FLAGS", "--xla_force_host_platform_device_count=4")
+
+import jax  # noqa: E402  (after XLA_FLAGS)
+import pytest  # noqa: E402
+
+import host_callback as hcb  # noqa: E402
+from host_callback import runtime  # noqa: E402
+
+
+@pytest.fixture(autouse=True, params=runtime.available_transports())
+def transport(request):
+  """Runs the test with `jax_host_callback_transport` set to each transport."""
+  jax.config.update("jax_host_callback_transport", request.param)
+  yield request.param
+  try:
+    hcb.barrier_wait("test teardown")
+  except hcb.CallbackException:
+    pass  # a test that expected an exception may leave one behind
+  jax.config.update("jax_host_callback_transport", "auto")
