@@ -13,7 +13,7 @@ import jax
 import numpy as np
 
 from . import _jax_adapter as adapter
-from . import runtime
+from . import runtime, settings
 from ._jax_adapter import hlo
 from .host_functions import HostFunction, Transforms
 
@@ -35,8 +35,20 @@ def _device_key_source(ctx: Any, place: adapter.ExecutionPlace
           lambda arrays: (int(device_ids[int(arrays[0])]), arrays[1:]))
 
 
-def lower(ctx: Any, *operands: Any, function: HostFunction, num_args: int,
-          device_index: int, transforms: Transforms) -> List[Any]:
+def lower(ctx: Any, *operands: Any, **params: Any) -> List[Any]:
+  """Lowers with the transport chosen by `jax_host_callback_transport`."""
+  platforms = ctx.module_context.platforms
+  if (tuple(platforms) == ("cpu",) and
+      settings.transport_name(runtime.native_available()) == "native"):
+    from . import lowering_native
+    return lowering_native.lower(ctx, *operands, **params)
+  return lower_python(ctx, *operands, **params)
+
+
+def lower_python(ctx: Any, *operands: Any, function: HostFunction,
+                 num_args: int, device_index: int, transforms: Transforms
+                 ) -> List[Any]:
+  """Lowers to one of JAX's Python callbacks, which enqueues the packet."""
   place = adapter.execution_place(ctx, device_index)
   consumer_id = runtime.register(function, transforms)
   extra, extra_avals, decode = _device_key_source(ctx, place)

@@ -14,10 +14,15 @@ from .host_functions import HostFunction, Transforms, make_consumer
 from .receiver import (PythonTransport, Receiver, Runtime, TransportFactory,
                        in_consumer_thread)
 
+try:
+  from .receiver import transport_native
+except ImportError:  # not written yet, or the native library is absent
+  transport_native = None
+
 
 def native_available() -> bool:
-  """Whether the native transport was built (issue: native transport)."""
-  return False
+  """Whether the native transport was built and loads."""
+  return transport_native is not None and transport_native.available()
 
 
 def available_transports() -> List[str]:
@@ -27,7 +32,12 @@ def available_transports() -> List[str]:
 
 def _make_transports() -> Dict[str, TransportFactory]:
   max_bytes = settings.queue_bytes()
-  return {"python": functools.partial(PythonTransport, max_bytes)}
+  factories: Dict[str, TransportFactory] = {
+      "python": functools.partial(PythonTransport, max_bytes)}
+  if native_available():
+    factories["native"] = functools.partial(
+        transport_native.NativeTransport, max_bytes)
+  return factories
 
 
 @functools.lru_cache(maxsize=None)
