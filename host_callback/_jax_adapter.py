@@ -21,6 +21,8 @@ from jax._src import config as _config
 from jax._src import core as _core
 from jax._src import dispatch as _dispatch
 from jax._src import effects as _effects
+from jax._src import named_sharding as _named_sharding
+from jax._src.interpreters import mlir as _mlir
 from jax._src import sharding_impls as _sharding_impls
 from jax._src.lib.mlir.dialects import hlo  # StableHLO op builders
 
@@ -28,7 +30,8 @@ SUPPORTED = ">=0.10,<0.13"
 
 _REQUIRED = {
     _callback: ("emit_python_callback", "_callback_op_sharding"),
-    _config: ("bool_state", "int_state", "enum_state"),
+    _config: ("bool_state", "int_state", "enum_state",
+              "use_shardy_partitioner"),
     _core: ("physical_aval", "Token"),
     _dispatch: ("apply_primitive", "prim_requires_devices_during_lowering",
                 "runtime_tokens", "RuntimeTokenSet"),
@@ -36,6 +39,8 @@ _REQUIRED = {
                "custom_derivatives_allowed_effects", "remat_allowed_effects",
                "ordered_effects", "shardable_ordered_effects"),
     _sharding_impls: ("ShardingContext", "SPMDAxisContext"),
+    _named_sharding: ("SdyArray", "SdyDim"),
+    _mlir: ("wrap_with_sharding_op",),
     pe: ("partial_eval_jaxpr_custom_rules",),
 }
 
@@ -169,6 +174,30 @@ def emit_python_callback(ctx: Any, callback: Callable, operands: Sequence[Any],
   return results
 
 
+def replicate_results(ctx: Any, results: Sequence[Any],
+                      avals: Sequence[Any]) -> List[Any]:
+  """Marks results of a single-device op in a sharded jit as replicated.
+
+  Under Shardy, the op's maximal sharding otherwise propagates to the jit's
+  outputs, and JAX then reads them from the wrong device (jax 0.10-0.12).
+  Wraps jax._src.interpreters.mlir.wrap_with_sharding_op and
+  jax._src.named_sharding.SdyArray.
+  """
+  axis_context = ctx.module_context.axis_context
+  if not (_config.use_shardy_partitioner.value
+          and isinstance(axis_context, _sharding_impls.ShardingContext)
+          and axis_context.num_devices > 1):
+    return list(results)
+  replicated = []
+  for result, aval in zip(results, avals):
+    sharding = _named_sharding.SdyArray(
+        mesh_shape=None,
+        dim_shardings=(_named_sharding.SdyDim(axes=(), is_open=False),) *
+        len(aval.shape))
+    replicated.append(_mlir.wrap_with_sharding_op(ctx, result, aval, sharding))
+  return replicated
+
+
 # --- Dispatched-computation tracking for barrier_wait ---------------------
 # JAX keeps the runtime token of each dispatched computation with effects in a
 # thread-local jax._src.dispatch.runtime_tokens, so `jax.effects_barrier()`
@@ -224,5 +253,5 @@ __all__ = [
     "enum_setting", "host_callback_effect", "apply_primitive",
     "require_devices_during_lowering", "register_partial_eval_custom_rule",
     "physical_aval", "ExecutionPlace", "execution_place", "op_sharding",
-    "emit_python_callback", "dispatch_tracker", "install_dispatch_tracker",
+    "emit_python_callback", "replicate_results", "dispatch_tracker", "install_dispatch_tracker",
 ]

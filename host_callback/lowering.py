@@ -69,5 +69,7 @@ def lower_python(ctx: Any, *operands: Any, function: HostFunction,
   results = adapter.emit_python_callback(
       ctx, host_side, [*extra, *operands[:num_args]], [*extra_avals, *arg_avals],
       result_avals, adapter.op_sharding(ctx, place, result_avals))
-  return list(results) if function.is_call else list(operands)
+  if not function.is_call:
+    return list(operands)
+  return adapter.replicate_results(ctx, results, result_avals)
 
