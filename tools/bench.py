@@ -1,0 +1,287 @@
+"""Benchmarks of host_callback against JAX's own callbacks, in the same run.
+
+    python -m tools.bench                 # print the table
+    python -m tools.bench --write docs    # also write docs/benchmarks.md (+ plot)
+    python -m tools.bench --quick         # smaller sizes, for a smoke test
+
+Each row times one scenario for host_callback on every available transport and
+for `jax.debug.callback`, `jax.experimental.io_callback(ordered=True)` and, for
+calls, `jax.pure_callback`; ratios are `baseline time / host_callback time`
+(above 1: host_callback is faster). Times are the median of `--repeat` runs
+after a warm-up run that compiles.
+"""
+
+from __future__ import annotations
+
+import argparse
+import os
+import platform
+import statistics
+import time
+from typing import Callable, Dict, List, Optional, Tuple
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+from jax.experimental import io_callback
+
+import host_callback as hcb
+from host_callback import runtime
+
+
+def _noop(*args, **kwargs) -> None:
+  return None
+
+
+def _sleep_1ms(*args, **kwargs) -> None:
+  time.sleep(0.001)
+
+
+# --- The ways of tapping and calling being compared --------------------------
+
+def _tap_hcb(func: Callable) -> Callable:
+  return lambda x: hcb.id_tap(lambda arg, transforms: func(arg), x)
+
+
+def _tap_debug(func: Callable) -> Callable:
+  def tap(x):
+    jax.debug.callback(func, x)
+    return x
+  return tap
+
+
+def _tap_io(func: Callable) -> Callable:
+  def tap(x):
+    io_callback(lambda a: func(a), None, x, ordered=True)
+    return x
+  return tap
+
+
+def _call_hcb(func: Callable) -> Callable:
+  return lambda x: hcb.call(func, x, result_shape=x)
+
+
+def _call_pure(func: Callable) -> Callable:
+  return lambda x: jax.pure_callback(func, jax.ShapeDtypeStruct(x.shape, x.dtype), x)
+
+
+def _call_io(func: Callable) -> Callable:
+  return lambda x: io_callback(func, jax.ShapeDtypeStruct(x.shape, x.dtype), x,
+                               ordered=True)
+
+
+TAPPERS = {"debug.callback": _tap_debug, "io_callback": _tap_io}
+CALLERS = {"pure_callback": _call_pure, "io_callback": _call_io}
+
+
+# --- Measurements --------------------------------------------------------------
+
+def _scan(step_op: Callable, steps: int) -> Callable:
+  def body(carry, _):
+    return step_op(carry) + 1, None
+  return jax.jit(lambda x: jax.lax.scan(body, x, None, length=steps)[0])
+
+
+def _drain() -> None:
+  hcb.barrier_wait()
+  jax.effects_barrier()
+
+
+def _time(run: Callable[[], Tuple[float, ...]], repeat: int) -> Tuple[float, ...]:
+  run()  # compile and warm up
+  samples = [run() for _ in range(repeat)]
+  return tuple(statistics.median(column) for column in zip(*samples))
+
+
+def _scan_times(step_op: Callable, steps: int, x, repeat: int) -> Tuple[float, float]:
+  """Seconds per step until the result is ready and until drained."""
+  f = _scan(step_op, steps)
+
+  def run():
+    start = time.perf_counter()
+    jax.block_until_ready(f(x))
+    ready = time.perf_counter()
+    _drain()
+    drained = time.perf_counter()
+    return (ready - start) / steps, (drained - start) / steps
+  return _time(run, repeat)
+
+
+def _slow_consumer_times(step_op: Callable, steps: int, repeat: int
+                         ) -> Tuple[float, float, float]:
+  """Seconds for the jitted call to return, to be ready, and to drain."""
+  f = _scan(step_op, steps)
+
+  def run():
+    start = time.perf_counter()
+    out = f(jnp.float32(0))
+    returned = time.perf_counter()
+    jax.block_until_ready(out)
+    ready = time.perf_counter()
+    _drain()
+    drained = time.perf_counter()
+    return returned - start, ready - start, drained - start
+  return _time(run, repeat)
+
+
+def _one_shot_times(op: Callable, x, repeat: int) -> Tuple[float]:
+  f = jax.jit(op)
+
+  def run():
+    start = time.perf_counter()
+    jax.block_until_ready(f(x))
+    _drain()
+    return (time.perf_counter() - start,)
+  return _time(run, repeat)
+
+
+def _idle_barrier(wait: Callable[[], None], count: int = 2000) -> float:
+  wait()
+  start = time.perf_counter()
+  for _ in range(count):
+    wait()
+  return (time.perf_counter() - start) / count
+
+
+# --- The table -----------------------------------------------------------------
+
+Row = Tuple[str, str, Dict[str, float]]  # scenario, unit, {implementation: value}
+
+
+def _with_transport(name: str, measure: Callable[[], float]) -> float:
+  jax.config.update("jax_host_callback_transport", name)
+  try:
+    return measure()
+  finally:
+    jax.config.update("jax_host_callback_transport", "auto")
+
+
+def collect(quick: bool, repeat: int) -> List[Row]:
+  transports = runtime.available_transports()
+  scale = 10 if quick else 1
+  rows: List[Row] = []
+
+  def add(scenario: str, unit: str, ours: Callable[[Callable], float],
+          baselines: Dict[str, Callable], factory: Callable) -> None:
+    values = {f"hcb[{t}]": _with_transport(t, lambda: ours(factory))
+              for t in transports}
+    for name, baseline in baselines.items():
+      values[name] = ours(baseline)
+    rows.append((scenario, unit, values))
+
+  steps = 100_000 // scale
+  for index, label in ((0, "until ready"), (1, "until drained")):
+    add(f"tap f32 scalar, per step of a {steps}-step scan ({label})", "µs",
+        lambda make, i=index: 1e6 * _scan_times(make(_noop), steps,
+                                                jnp.float32(0), repeat)[i],
+        TAPPERS, _tap_hcb)
+  steps = 10_000 // scale
+  add(f"tap f32[1000], per step of a {steps}-step scan (until drained)", "µs",
+      lambda make: 1e6 * _scan_times(make(_noop), steps, jnp.zeros(1000),
+                                     repeat)[1], TAPPERS, _tap_hcb)
+  big = jnp.zeros((8, 1024, 1024), jnp.float32)
+  add("tap of 32 MiB f32[8,1024,1024] (until drained)", "ms",
+      lambda make: 1e3 * _one_shot_times(make(_noop), big, repeat)[0],
+      TAPPERS, _tap_hcb)
+  taps = 1000 // scale
+  for index, label in ((0, "jitted call returns"), (1, "result ready"),
+                       (2, "consumers drained")):
+    add(f"{taps} taps with a 1 ms consumer: {label}", "ms",
+        lambda make, i=index: 1e3 * _slow_consumer_times(make(_sleep_1ms), taps,
+                                                         repeat)[i],
+        TAPPERS, _tap_hcb)
+  steps = 10_000 // scale
+  plus_one = lambda a: a + 1  # noqa: E731
+  add(f"call x+1, per step of a {steps}-step scan", "µs",
+      lambda make: 1e6 * _scan_times(make(plus_one), steps, jnp.float32(0),
+                                     repeat)[1], CALLERS, _call_hcb)
+  add("call x+1, one jitted call", "µs",
+      lambda make: 1e6 * _one_shot_times(make(plus_one), jnp.float32(0),
+                                         repeat)[0], CALLERS, _call_hcb)
+  add("call round trip of 32 MiB f32[8,1024,1024]", "ms",
+      lambda make: 1e3 * _one_shot_times(make(plus_one), big, repeat)[0],
+      CALLERS, _call_hcb)
+  rows.append(("idle barrier_wait (jax: effects_barrier)", "µs", {
+      **{f"hcb[{t}]": _with_transport(t, lambda: 1e6 * _idle_barrier(hcb.barrier_wait))
+         for t in transports},
+      "debug.callback": 1e6 * _idle_barrier(jax.effects_barrier),
+      "io_callback": 1e6 * _idle_barrier(jax.effects_barrier)}))
+  return rows
+
+
+def format_table(rows: List[Row]) -> str:
+  names: List[str] = []
+  for _, _, values in rows:
+    names += [n for n in values if n not in names]
+  ours = [n for n in names if n.startswith("hcb[")]
+  theirs = [n for n in names if not n.startswith("hcb[")]
+  header = ["scenario", "unit", *names,
+            *[f"{t} / {o}" for o in ours for t in theirs]]
+  lines = ["| " + " | ".join(header) + " |",
+           "|" + "---|" * len(header)]
+  for scenario, unit, values in rows:
+    cells = [scenario, unit]
+    cells += [f"{values[n]:.3g}" if n in values else "" for n in names]
+    cells += [f"{values[t] / values[o]:.2f}x" if t in values and o in values
+              and values[o] > 0 else "" for o in ours for t in theirs]
+    lines.append("| " + " | ".join(cells) + " |")
+  return "\n".join(lines)
+
+
+def machine() -> str:
+  return (f"{platform.machine()}, {os.cpu_count()} cores, Python "
+          f"{platform.python_version()}, jax {jax.__version__}, "
+          f"{jax.devices()[0].platform}")
+
+
+def plot(rows: List[Row], path: str) -> Optional[str]:
+  """A bar chart of the per-step rows (log scale), if matplotlib is there."""
+  try:
+    import matplotlib
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+  except ImportError:
+    return None
+  selected = [r for r in rows if r[1] == "µs" and "per step" in r[0]]
+  names = list(selected[0][2])
+  fig, ax = plt.subplots(figsize=(10, 4.5))
+  width = 0.8 / len(names)
+  for i, name in enumerate(names):
+    ax.bar([j + i * width for j in range(len(selected))],
+           [r[2].get(name, 0) for r in selected], width, label=name)
+  ax.set_xticks([j + 0.4 - width / 2 for j in range(len(selected))])
+  ax.set_xticklabels([r[0].split(",")[0] + "\n" + r[0].split("(")[-1].rstrip(")")
+                      for r in selected], fontsize=8)
+  ax.set_yscale("log")
+  ax.set_ylabel("µs per scan step (log scale)")
+  ax.legend(fontsize=8)
+  fig.tight_layout()
+  fig.savefig(path)
+  return path
+
+
+def main() -> None:
+  parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+  parser.add_argument("--quick", action="store_true",
+                      help="10x smaller sizes, for a smoke test")
+  parser.add_argument("--repeat", type=int, default=3)
+  parser.add_argument("--write", metavar="DOCS_DIR",
+                      help="also write DOCS_DIR/benchmarks.md and a plot")
+  options = parser.parse_args()
+  rows = collect(options.quick, options.repeat)
+  table = format_table(rows)
+  print(machine())
+  print(table)
+  if options.write:
+    image = plot(rows, os.path.join(options.write, "benchmarks.png"))
+    with open(os.path.join(options.write, "benchmarks.md"), "w") as out:
+      out.write("# Benchmarks\n\nGenerated by `python -m tools.bench --write "
+                f"docs` on {machine()}.\n\nRatios are baseline time / "
+                "host_callback time: above 1, host_callback is faster.\n\n")
+      out.write(table + "\n")
+      if image:
+        out.write("\n![Per-step cost](benchmarks.png)\n")
+
+
+if __name__ == "__main__":
+  main()
