@@ -8,6 +8,7 @@ with a clear message when the installed JAX lacks something we need.
 from __future__ import annotations
 
 import dataclasses
+import os
 import threading
 from typing import Any, Callable, Dict, List, Optional, Sequence, Tuple
 
@@ -214,6 +215,11 @@ class _DispatchTracker:
     self._lock = threading.Lock()
     self._pending: Dict[Tuple[int, Any], Any] = {}
 
+  def forget_after_fork(self) -> None:
+    """A forked child cannot wait for its parent's computations."""
+    self._lock = threading.Lock()
+    self._pending = {}
+
   def record(self, device: Any, token: Any) -> None:
     with self._lock:
       self._pending[(threading.get_ident(), device)] = token
@@ -233,6 +239,7 @@ class _DispatchTracker:
 
 
 dispatch_tracker = _DispatchTracker()
+os.register_at_fork(after_in_child=dispatch_tracker.forget_after_fork)
 
 
 class _TrackingRuntimeTokenSet(_dispatch.RuntimeTokenSet):

@@ -94,6 +94,7 @@ def barrier_wait(logging_name: Optional[str] = None) -> None:
     raise RuntimeError(
         "host_callback.barrier_wait was called from inside a host callback "
         "function; it would wait for itself. Call it from the main program.")
+  _runtime.check_usable()
   adapter.dispatch_tracker.wait_all()
   running = _runtime.running_receiver()
   if running is not None:
@@ -112,6 +113,10 @@ def stop_outfeed_receiver() -> None:
 
 
 def _drain_at_exit() -> None:
+  try:
+    _runtime.check_usable()
+  except RuntimeError:
+    return  # a forked child: nothing of ours to drain
   try:
     barrier_wait("at_exit")
   except Exception:  # pylint: disable=broad-except

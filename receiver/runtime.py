@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import atexit
+import os
 import threading
 from typing import Callable, Mapping, Optional
 
@@ -27,10 +28,29 @@ class Runtime:
     self._receiver: Optional[Receiver] = None
     self._at_exit = at_exit
     self._at_exit_registered = False
+    self._forked_while_running = False
+    os.register_at_fork(after_in_child=self._after_fork_in_child)
+
+  def _after_fork_in_child(self) -> None:
+    """A forked child has none of the parent's receiver threads."""
+    self._lock = threading.Lock()
+    if self._receiver is not None:
+      self._receiver = None
+      self._forked_while_running = True
+
+  def check_usable(self) -> None:
+    """Raises in a child forked while the parent's receiver was running."""
+    if self._forked_while_running:
+      raise RuntimeError(
+          "host_callback cannot be used in a process created by os.fork() "
+          "after the host_callback receiver had started in its parent: the "
+          "receiver threads do not survive a fork. Start worker processes "
+          "with multiprocessing's 'spawn' or 'forkserver' start method.")
 
   def receiver(self, make_transports: Callable[[], Mapping[str, TransportFactory]]
                ) -> Receiver:
     """The running receiver; if there is none, starts one with new transports."""
+    self.check_usable()
     receiver = self._receiver
     if receiver is not None:
       return receiver
