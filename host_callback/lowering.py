@@ -37,6 +37,7 @@ def _device_key_source(ctx: Any, place: adapter.ExecutionPlace
 
 def lower(ctx: Any, *operands: Any, **params: Any) -> List[Any]:
   """Lowers with the transport chosen by `jax_host_callback_transport`."""
+  settings.queue_bytes()  # a bad setting fails here, at compile time
   platforms = ctx.module_context.platforms
   if (tuple(platforms) == ("cpu",) and
       settings.transport_name(runtime.native_available()) == "native"):
