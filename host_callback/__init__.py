@@ -5,7 +5,7 @@
     hcb.barrier_wait()
 """
 
-from .api import (barrier_wait, call, id_print, id_tap,
+from .api import (barrier_wait, call, id_print, id_tap, queue_statistics,
                   stop_outfeed_receiver)
 from .receiver import CallbackException
 
@@ -13,5 +13,5 @@ TapFunctionException = CallbackException
 
 __all__ = [
     "CallbackException", "TapFunctionException", "barrier_wait", "call",
-    "id_print", "id_tap", "stop_outfeed_receiver",
+    "id_print", "id_tap", "queue_statistics", "stop_outfeed_receiver",
 ]

@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 import functools
-from typing import Any, Dict, List, Optional, Sequence
+from typing import Any, Dict, List, Optional, Sequence, Tuple
 
 import jax
 import numpy as np
@@ -11,8 +11,8 @@ import numpy as np
 from . import _jax_adapter as adapter
 from . import settings
 from .host_functions import HostFunction, Transforms, make_consumer
-from .receiver import (PythonTransport, Receiver, Runtime, TransportFactory,
-                       in_consumer_thread)
+from .receiver import (PythonTransport, QueueStats, Receiver, Runtime,
+                       TransportFactory, in_consumer_thread)
 
 try:
   from .receiver import transport_native
@@ -100,6 +100,15 @@ def barrier_wait(logging_name: Optional[str] = None) -> None:
   if running is not None:
     running.wait_processed()
   _runtime.errors.raise_if_any()
+
+
+def queue_statistics() -> Dict[Tuple[str, Any], QueueStats]:
+  """Per-device queue statistics of the running receiver."""
+  running = _runtime.running_receiver()
+  if running is None:
+    return {}
+  return {(name, device_by_key(key)): stats
+          for (name, key), stats in running.queue_stats().items()}
 
 
 def stop_outfeed_receiver() -> None:

@@ -32,7 +32,8 @@ class PacketQueue:
     """Appends `packet`, first waiting while the queue is over its bound."""
     size = packet.nbytes
     with self._cond:
-      while self._packets and self._bytes + size > self.max_bytes:
+      # Bytes count until consumed, so a batch being consumed still counts.
+      while self._bytes and self._bytes + size > self.max_bytes:
         if is_stopped():
           raise ReceiverStopped(
               "the host_callback receiver was stopped while a device waited "

@@ -8,7 +8,7 @@ from typing import Dict, List, Mapping, Tuple
 from .errors import ErrorLog
 from .packets import POLL_SECONDS, Packet
 from .registry import ConsumerRegistry
-from .transport import Transport, TransportFactory
+from .transport import QueueStats, Transport, TransportFactory
 
 # Threads that run consumers; a barrier called from one of them would wait for
 # itself, so the barrier checks this.
@@ -80,6 +80,12 @@ class Receiver:
     for transport in self.transports.values():
       for device_key in transport.device_keys():
         transport.wait_finished(device_key, self.is_stopped)
+
+  def queue_stats(self) -> Dict[Tuple[str, int], QueueStats]:
+    """Statistics of every device queue, by (transport name, device key)."""
+    return {(name, key): transport.stats(key)
+            for name, transport in self.transports.items()
+            for key in transport.device_keys()}
 
   def stop(self, timeout: float = 60.0) -> None:
     """Drains every queue, then stops and joins the consumer threads."""

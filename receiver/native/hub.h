@@ -1,0 +1,154 @@
+// The native core of host_callback's receiver: per-device packet queues
+// bounded in bytes, and the reply slots of pending `call`s.
+//
+// Device threads (the FFI handlers in ffi_handlers.cc) push packets and wait
+// for replies; the Python receiver threads (through the C API in c_api.cc)
+// take batches, release consumed bytes and post replies. Nothing here touches
+// Python. Every wait re-checks the stop flag at least every kPollInterval.
+
+#ifndef HOST_CALLBACK_RECEIVER_NATIVE_HUB_H_
+#define HOST_CALLBACK_RECEIVER_NATIVE_HUB_H_
+
+#include <atomic>
+#include <chrono>
+#include <condition_variable>
+#include <cstddef>
+#include <cstdint>
+#include <deque>
+#include <memory>
+#include <mutex>
+#include <string>
+#include <unordered_map>
+#include <vector>
+
+namespace hcb {
+
+// Every packet starts with this header; array data follows, each array
+// starting at a multiple of kAlign from the packet start.
+struct PacketHeader {
+  int64_t size;        // bytes of the whole packet, a multiple of kAlign
+  int64_t site;        // which callback site (Python knows its layout)
+  int64_t request_id;  // 0 for a tap, the reply slot's id for a call
+  int64_t unused[5];
+};
+constexpr int64_t kAlign = 16;
+constexpr int64_t kHeaderBytes = sizeof(PacketHeader);
+static_assert(kHeaderBytes % kAlign == 0, "header must keep data aligned");
+
+// One entry per packet written by Hub::CopyBatch for the Python decoder.
+struct IndexEntry {
+  int64_t offset;      // of the packet in the destination buffer
+  int64_t site;
+  int64_t request_id;
+  int64_t size;
+};
+
+constexpr auto kPollInterval = std::chrono::milliseconds(50);
+
+inline int64_t AlignUp(int64_t n) { return (n + kAlign - 1) / kAlign * kAlign; }
+
+// A byte span to copy from (a device buffer) or into (a device result).
+struct Span {
+  void* data;
+  int64_t bytes;
+};
+
+using PacketPtr = std::unique_ptr<uint8_t[]>;
+
+// The outcome of a device-side operation: empty when it succeeded.
+using Status = std::string;
+
+// A packet queue of one device. `mu` guards every non-atomic field.
+struct DeviceQueue {
+  std::mutex mu;
+  std::condition_variable not_empty;  // the consumer waits on it
+  std::condition_variable changed;    // senders and finish-waiters wait on it
+  std::deque<PacketPtr> waiting;      // pushed, not yet taken
+  bool consumer_sleeping = false;
+  int64_t bytes = 0;                  // pushed and not yet released
+  int64_t high_water = 0;
+  int64_t enqueued = 0;               // packets ever pushed
+  int64_t finished = 0;               // packets released (consumed)
+  int64_t senders_waiting = 0;
+  std::atomic<int64_t> pushed{0};     // mirrors `enqueued`, read without `mu`
+};
+
+// The reply slot of one pending `call`; lives on the waiting device thread.
+struct ReplySlot {
+  std::vector<Span> outputs;          // where the result bytes go
+  std::mutex mu;
+  std::condition_variable cv;
+  std::atomic<int> state{0};          // kPending, kDone or kFailed
+  std::string error;
+};
+constexpr int kPending = 0, kDone = 1, kFailed = 2;
+
+// Packets taken by a consumer, waiting to be copied out.
+struct Batch {
+  int64_t ordinal = 0;
+  std::vector<PacketPtr> packets;
+  int64_t bytes = 0;
+};
+
+// The process-wide state. `mu_` guards `queues_`, `slots_` and `next_request_`.
+class Hub {
+ public:
+  static Hub& Get();
+
+  // A receiver starts (again) with this queue bound; waits are allowed again.
+  void Attach(int64_t max_bytes);
+  // The receiver stopped: every waiting device fails, and so do new waits.
+  void Stop();
+  bool stopped() const { return stopped_.load(std::memory_order_acquire); }
+
+  // The queue of a device, created on first use; never freed.
+  DeviceQueue* Queue(int64_t ordinal, bool* created = nullptr);
+  DeviceQueue* FindQueue(int64_t ordinal);
+  std::vector<int64_t> Ordinals();
+
+  // Device side: copies `arrays` into a new packet on the device's queue,
+  // first waiting while the queue is over its bound.
+  Status Send(int64_t ordinal, int64_t site, int64_t request_id,
+              const std::vector<Span>& arrays);
+  // Device side: sends a call packet, then waits for its reply, written into
+  // `outputs`.
+  Status Call(int64_t ordinal, int64_t site, const std::vector<Span>& arrays,
+              const std::vector<Span>& outputs);
+
+  // Consumer side: takes the waiting packets (at most about `max_bytes`),
+  // waiting up to `timeout_s` for the first. Returns null if there are none.
+  std::unique_ptr<Batch> Take(int64_t ordinal, double timeout_s,
+                              int64_t max_bytes);
+  // Copies the packets of `batch` back to back into `dst` and describes
+  // them in `index`; calls whose device gave up are left out.
+  int64_t CopyBatch(const Batch& batch, uint8_t* dst, IndexEntry* index);
+  // Marks consumed packets finished and frees their bytes in the bound.
+  void Release(int64_t ordinal, int64_t packets, int64_t bytes);
+  // Waits up to `timeout_s` until `target` packets are finished.
+  bool WaitFinished(int64_t ordinal, int64_t target, double timeout_s);
+
+  // Posts the result (or error) of request `request_id`; false if no
+  // device waits for it any more.
+  bool Reply(int64_t request_id, const std::vector<Span>& results,
+             std::string* mismatch);
+  bool ReplyError(int64_t request_id, const std::string& message);
+
+ private:
+  Hub() = default;
+  Status Push(int64_t ordinal, PacketPtr packet, int64_t size);
+  bool Finish(ReplySlot* slot, int state);
+
+  std::atomic<bool> stopped_{true};
+  std::atomic<int64_t> max_bytes_{256'000'000};
+  std::mutex mu_;
+  std::unordered_map<int64_t, std::unique_ptr<DeviceQueue>> queues_;
+  // Lock-free lookup for small ordinals; entries are set once under `mu_`.
+  static constexpr int64_t kFastOrdinals = 1024;
+  std::atomic<DeviceQueue*> fast_[kFastOrdinals] = {};
+  std::unordered_map<int64_t, ReplySlot*> slots_;
+  int64_t next_request_ = 1;
+};
+
+}  // namespace hcb
+
+#endif  // HOST_CALLBACK_RECEIVER_NATIVE_HUB_H_
