@@ -1,0 +1,134 @@
+"""Soak test: a mixed host_callback workload for a given duration.
+
+    python -m tools.soak --minutes 10 [--transport native|python]
+
+Four Python threads run, each on its own CPU device (4 are forced), each
+cycling through: a 1,000-step scan of sequence-numbered scalar taps, a
+100-step scan of f32[1000] taps, a 100-step scan of `call`s, and a single tap
+timed from dispatch to consumer (latency). At the end it prints how many taps
+were delivered, lost and reordered, tap latency p50/p99, and peak RSS.
+"""
+
+from __future__ import annotations
+
+import argparse
+import collections
+import os
+import resource
+import threading
+import time
+
+os.environ.setdefault("XLA_FLAGS", "--xla_force_host_platform_device_count=4")
+
+import jax  # noqa: E402
+import jax.numpy as jnp  # noqa: E402
+import numpy as np  # noqa: E402
+
+import host_callback as hcb  # noqa: E402
+
+SCALAR_STEPS, ARRAY_STEPS, CALL_STEPS = 1000, 100, 100
+
+
+class Ledger:
+  """What was sent and received, per (device, stream); `lock` guards all."""
+
+  def __init__(self) -> None:
+    self.lock = threading.Lock()
+    self.sent = collections.Counter()
+    self.received = collections.defaultdict(list)
+    self.latencies: list[float] = []
+    self.dispatch_times: dict[int, float] = {}
+    self.call_errors = 0
+
+  def tap(self, stream: str):
+    def consume(arg, transforms, device):
+      values = np.atleast_1d(np.asarray(arg))
+      with self.lock:
+        self.received[(device.id, stream)].append(int(values.flat[0]))
+    return consume
+
+  def latency_tap(self, arg, transforms):
+    now = time.perf_counter()
+    with self.lock:
+      self.latencies.append(now - self.dispatch_times.pop(int(arg)))
+
+
+def _programs(ledger: Ledger):
+  def scan_of(op, steps):
+    return jax.jit(lambda x: jax.lax.scan(lambda c, _: (op(c) + 1, None), x,
+                                          None, length=steps)[0])
+  scalar = scan_of(lambda c: hcb.id_tap(ledger.tap("scalar"), c,
+                                        tap_with_device=True), SCALAR_STEPS)
+  array = scan_of(lambda c: hcb.id_tap(ledger.tap("array"), c,
+                                       tap_with_device=True), ARRAY_STEPS)
+  calls = scan_of(lambda c: hcb.call(lambda a: a, c, result_shape=c),
+                  CALL_STEPS)
+  latency = jax.jit(lambda x: hcb.id_tap(ledger.latency_tap, x))
+  return scalar, array, calls, latency
+
+
+def _worker(ledger: Ledger, device, index: int, deadline: float) -> None:
+  scalar, array, calls, latency = _programs(ledger)
+  cycle = 0
+  while time.monotonic() < deadline:
+    base = cycle * SCALAR_STEPS
+    scalar(jax.device_put(jnp.int32(base), device))
+    array(jax.device_put(jnp.full(1000, cycle * ARRAY_STEPS, jnp.int32), device))
+    out = calls(jax.device_put(jnp.int32(0), device))
+    if int(out) != CALL_STEPS:
+      with ledger.lock:
+        ledger.call_errors += 1
+    key = index * 100_000_000 + cycle  # fits in int32
+    with ledger.lock:
+      ledger.dispatch_times[key] = time.perf_counter()
+    latency(jax.device_put(jnp.int32(key), device))
+    with ledger.lock:
+      ledger.sent[(device.id, "scalar")] += SCALAR_STEPS
+      ledger.sent[(device.id, "array")] += ARRAY_STEPS
+    cycle += 1
+
+
+def _expected(count: int, steps: int, stride: int) -> list[int]:
+  return [c * stride + s for c in range(count // steps) for s in range(steps)]
+
+
+def main() -> None:
+  parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+  parser.add_argument("--minutes", type=float, default=10.0)
+  parser.add_argument("--transport", choices=["auto", "native", "python"],
+                      default="auto")
+  options = parser.parse_args()
+  jax.config.update("jax_host_callback_transport", options.transport)
+  ledger = Ledger()
+  deadline = time.monotonic() + 60 * options.minutes
+  threads = [threading.Thread(target=_worker, args=(ledger, d, i, deadline))
+             for i, d in enumerate(jax.devices()[:4])]
+  start = time.monotonic()
+  for thread in threads:
+    thread.start()
+  for thread in threads:
+    thread.join()
+  hcb.barrier_wait()
+  elapsed = time.monotonic() - start
+  delivered = lost = reordered = 0
+  for (device_id, stream), count in sorted(ledger.sent.items()):
+    got = ledger.received[(device_id, stream)]
+    steps = SCALAR_STEPS if stream == "scalar" else ARRAY_STEPS
+    stride = SCALAR_STEPS if stream == "scalar" else ARRAY_STEPS
+    delivered += len(got)
+    lost += max(0, count - len(got))
+    reordered += sum(1 for a, b in zip(got, _expected(count, steps, stride))
+                     if a != b)
+  latencies = np.array(ledger.latencies) * 1e6
+  peak_mib = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024
+  print(f"transport={options.transport} duration={elapsed:.0f}s "
+        f"devices=4 threads=4")
+  print(f"taps delivered={delivered} lost={lost} reordered={reordered} "
+        f"call_errors={ledger.call_errors}")
+  print(f"tap latency (dispatch to consumer): p50={np.percentile(latencies, 50):.0f}µs "
+        f"p99={np.percentile(latencies, 99):.0f}µs over {len(latencies)} taps")
+  print(f"peak RSS={peak_mib:.0f} MiB")
+
+
+if __name__ == "__main__":
+  main()
