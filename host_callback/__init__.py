@@ -7,11 +7,13 @@
 
 from .api import (barrier_wait, call, id_print, id_tap, queue_statistics,
                   stop_outfeed_receiver)
+from .compat import install
 from .receiver import CallbackException
 
 TapFunctionException = CallbackException
 
 __all__ = [
     "CallbackException", "TapFunctionException", "barrier_wait", "call",
-    "id_print", "id_tap", "queue_statistics", "stop_outfeed_receiver",
+    "id_print", "id_tap", "install", "queue_statistics",
+    "stop_outfeed_receiver",
 ]

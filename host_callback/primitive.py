@@ -36,7 +36,7 @@ def _impl(*operands, function: HostFunction, num_args: int, device_index: int,
   if settings.inline.value:
     arrays = [jax.numpy.asarray(x) for x in operands[:num_args]]
     device = next(iter(arrays[0].devices())) if arrays else jax.devices()[0]
-    host_arrays = [adapter_host_array(a) for a in arrays]
+    host_arrays = [_host_array(a) for a in arrays]
     result = runtime.run_inline(function, transforms, host_arrays, device)
     if not function.is_call:
       return list(operands)
@@ -46,7 +46,7 @@ def _impl(*operands, function: HostFunction, num_args: int, device_index: int,
       device_index=device_index, transforms=transforms)
 
 
-def adapter_host_array(array: jax.Array) -> Any:
+def _host_array(array: jax.Array) -> Any:
   """The NumPy value the host function sees (PRNG keys as their key data)."""
   if jax.dtypes.issubdtype(array.dtype, jax.dtypes.prng_key):
     array = jax.random.key_data(array)

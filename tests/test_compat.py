@@ -1,0 +1,121 @@
+"""`host_callback.install()`: old `jax.experimental.host_callback` imports.
+
+Each import form runs in a fresh interpreter, since an import is only ever
+resolved once per process.
+"""
+
+import subprocess
+import sys
+import textwrap
+
+import pytest
+
+
+@pytest.fixture(autouse=True)
+def transport():
+  """Overrides conftest's per-transport runs: no test here uses a transport."""
+  yield None
+
+
+def run_python(code: str) -> None:
+  """Runs `code` in a fresh interpreter; fails the test on a non-zero exit."""
+  process = subprocess.run([sys.executable, "-c", textwrap.dedent(code)],
+                           capture_output=True, text=True, timeout=120,
+                           check=False)
+  assert process.returncode == 0, process.stderr
+
+
+INSTALL = "import host_callback\nhost_callback.install()\n"
+
+
+@pytest.mark.parametrize("import_line", [
+    "from jax.experimental import host_callback as hcb",
+    "import jax.experimental.host_callback as hcb",
+    "import jax.experimental.host_callback; "
+    "import jax; hcb = jax.experimental.host_callback",
+])
+def test_module_imports_give_the_package(import_line):
+  run_python(INSTALL + import_line + """
+import host_callback
+assert hcb is host_callback
+for name in host_callback.__all__:
+  assert getattr(hcb, name) is getattr(host_callback, name), name
+""")
+
+
+def test_from_import_of_names():
+  run_python(INSTALL + """
+from jax.experimental.host_callback import (
+    id_tap, id_print, call, barrier_wait, stop_outfeed_receiver,
+    CallbackException, TapFunctionException)
+import host_callback
+assert id_tap is host_callback.id_tap
+assert call is host_callback.call
+assert barrier_wait is host_callback.barrier_wait
+assert TapFunctionException is CallbackException
+""")
+
+
+def test_old_code_runs_after_install():
+  run_python(INSTALL + """
+import jax
+import jax.numpy as jnp
+from jax.experimental import host_callback as hcb
+
+seen = []
+f = jax.jit(lambda x: hcb.id_tap(lambda a, t: seen.append(int(a)), x) + 1)
+assert int(f(jnp.int32(41))) == 42
+hcb.barrier_wait()
+assert seen == [41], seen
+""")
+
+
+def test_install_is_idempotent():
+  run_python(INSTALL + """
+import sys
+import jax.experimental
+first = sys.modules["jax.experimental.host_callback"]
+assert host_callback.install() is host_callback
+assert sys.modules["jax.experimental.host_callback"] is first is host_callback
+assert jax.experimental.host_callback is host_callback
+""")
+
+
+def test_jax_untouched_without_install():
+  run_python("""
+import sys
+import host_callback
+import jax.experimental
+assert "jax.experimental.host_callback" not in sys.modules
+assert not hasattr(jax.experimental, "host_callback")
+try:
+  import jax.experimental.host_callback
+except ImportError:
+  pass
+else:
+  raise AssertionError("import jax.experimental.host_callback worked")
+try:
+  from jax.experimental import host_callback as hcb
+except ImportError:
+  pass
+else:
+  raise AssertionError("from jax.experimental import host_callback worked")
+""")
+
+
+def test_install_wins_over_a_module_already_imported():
+  """Even a `jax.experimental.host_callback` already in sys.modules (a stub a
+  future JAX might ship) is replaced."""
+  run_python("""
+import sys
+import types
+import jax.experimental
+stub = types.ModuleType("jax.experimental.host_callback")
+sys.modules["jax.experimental.host_callback"] = stub
+jax.experimental.host_callback = stub
+import host_callback
+host_callback.install()
+from jax.experimental import host_callback as hcb
+import jax.experimental.host_callback as hcb2
+assert hcb is hcb2 is host_callback
+""")
