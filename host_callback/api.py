@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import warnings
 from typing import Any, Callable, Dict, Optional, TextIO, Tuple
 
 import jax
@@ -43,16 +44,40 @@ def _check_device_index(device_index: int, api: str) -> None:
         f"there are {count} device(s), so use 0 to {count - 1}")
 
 
+def _ignore_callback_flavor(kwargs: dict, api: str) -> None:
+  """Accepts the original's `callback_flavor=` and ignores it, with a warning."""
+  if "callback_flavor" in kwargs:
+    del kwargs["callback_flavor"]
+    warnings.warn(
+        f"host_callback.{api}: callback_flavor is ignored; the transport is "
+        "chosen by the jax_host_callback_transport setting", stacklevel=3)
+
+
 def id_tap(tap_func: Callable[..., Any], arg: Any, *, result: Any = None,
            tap_with_device: bool = False, device_index: int = 0,
            **kwargs: Any) -> Any:
-  """Host-side tap primitive: calls `tap_func(arg, transforms)` on the host.
+  """Host-side tap: calls `tap_func(arg, transforms)` on the host.
 
-  Behaves as the identity on `arg` (or returns `result` when given, after the
-  tap). The call happens asynchronously on a receiver thread; use
-  `barrier_wait()` to wait for it. With `tap_with_device=True` the function
-  also receives `device=` the `jax.Device` that executed the tap.
+  Behaves as the identity on `arg`, or returns `result` when one is given
+  (the tap still happens before `result` is used). The host function runs
+  asynchronously on a receiver thread, in the order the device executed the
+  taps; use `barrier_wait()` to wait for it.
+
+  Args:
+    tap_func: called as `tap_func(arg, transforms)` with `arg` as NumPy
+      values and `transforms` a tuple of `(name, params)` entries (e.g.
+      `("batch", {"batch_dims": (0,)})` under `jax.vmap`).
+    arg: a pytree of arrays and numeric scalars to send to the host.
+    result: returned instead of `arg` when given; not sent to the host.
+    tap_with_device: also pass `device=`, the `jax.Device` that executed the
+      tap.
+    device_index: under a sharded `jit`, the position in the computation's
+      device assignment of the device that taps the whole value.
+
+  Returns:
+    `arg`, or `result` when given.
   """
+  _ignore_callback_flavor(kwargs, "id_tap")
   if kwargs:
     raise TypeError(
         "Support for **kwargs in ``id_tap`` has been removed. Instead, "
@@ -75,11 +100,27 @@ def id_tap(tap_func: Callable[..., Any], arg: Any, *, result: Any = None,
 def id_print(arg: Any, *, result: Any = None, tap_with_device: bool = False,
              device_index: int = 0, output_stream: Optional[TextIO] = None,
              threshold: Optional[int] = None, **kwargs: Any) -> Any:
-  """Like `id_tap` with a printing tap function.
+  """Like `id_tap`, with a tap function that prints `arg` on the host.
 
-  Prints a line `k: v ...` for `kwargs` (and `transforms`, `device`) when
-  there are any, then the value; to `output_stream` or with `print`.
+  Each print is a line `k1: v1 k2: v2 ...` (keys sorted) for `kwargs`,
+  `transforms` and `device` when there are any, then the value: arrays by
+  `numpy.array2string`, tuples as `( a b )`, lists as `[ a b ]`, dicts as
+  `{ k=a }`, wrapped at 80 columns.
+
+  Args:
+    arg: the pytree to print; returned unchanged.
+    result: returned instead of `arg` when given; not printed.
+    tap_with_device: also print `device: ...`.
+    device_index: see `id_tap`.
+    output_stream: where to write each line (`output_stream.write(line +
+      "\n")`); `print` when None.
+    threshold: passed to `numpy.array2string` (NumPy's default when None).
+    **kwargs: printed in the header line.
+
+  Returns:
+    `arg`, or `result` when given.
   """
+  _ignore_callback_flavor(kwargs, "id_print")
   printer = Printer(output_stream, threshold, kwargs)
   return id_tap(printer, arg, result=result, tap_with_device=tap_with_device,
                 device_index=device_index)
@@ -107,14 +148,35 @@ def _result_avals(result_shape: Any) -> tuple[Any, tuple]:
 
 def call(callback_func: Callable[..., Any], arg: Any, *,
          result_shape: Any = None, call_with_device: bool = False,
-         device_index: int = 0) -> Any:
+         device_index: int = 0, **kwargs: Any) -> Any:
   """Calls `callback_func(arg)` on the host and returns its result.
 
-  `result_shape` is a pytree of `jax.ShapeDtypeStruct`s, arrays or numeric
-  scalars describing the result (`None` for no result). The host result must
-  match it in structure, shape and dtype, or the computation fails with an
-  error naming the callback and the cause.
+  The device waits for the result. Calls run after the taps that precede them
+  on the same device. Under `jax.vmap` the host function is called once per
+  batch element, in order. `call` is not differentiable: wrap it in
+  `jax.custom_vjp` or `jax.custom_jvp`.
+
+  Args:
+    callback_func: called as `callback_func(arg)` with NumPy values.
+    arg: a pytree of arrays and numeric scalars to send to the host.
+    result_shape: a pytree whose leaves are `jax.ShapeDtypeStruct` objects,
+      arrays or numeric scalars, describing the result; None or `()` for no
+      result. The host result must match it in structure, shape and dtype
+      (after JAX's dtype canonicalisation), or the computation fails with an
+      error naming the callback and the cause.
+    call_with_device: also pass `device=`, the `jax.Device` that issued the
+      call.
+    device_index: under a sharded `jit`, the position in the computation's
+      device assignment of the device that makes the call with the whole
+      value.
+
+  Returns:
+    The host result, as JAX arrays shaped like `result_shape`.
   """
+  _ignore_callback_flavor(kwargs, "call")
+  if kwargs:
+    raise TypeError(
+        f"host_callback.call got unexpected keyword arguments: {sorted(kwargs)}")
   _check_callable(callback_func, "callback_func", "call")
   _check_device_index(device_index, "call")
   arg_leaves, arg_treedef = _flatten_arg(arg, "call")

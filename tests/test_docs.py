@@ -1,0 +1,238 @@
+"""The docs build without warnings, and every Python example in them runs.
+
+Conventions in docs/*.md (benchmarks.md, which is generated, is not checked):
+
+- Every fenced ```python block runs. The blocks of one page run in order, in
+  one fresh interpreter with 4 CPU devices and the transport under test, so a
+  block may use names defined by an earlier block of the same page.
+- A ```text block that follows a ```python block (blank lines apart) is the
+  output that block prints; it must match exactly (trailing spaces ignored).
+- An HTML comment on the line before a ```python block changes this:
+  `<!-- test: any-order -->` compares the lines of its output in any order
+  (for output from several devices); `<!-- test: skip -->` does not run it;
+  `<!-- test: requires NAME -->` runs it only when the dotted NAME (a module or
+  an attribute, e.g. `host_callback.install`) exists.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import functools
+import importlib
+import json
+import os
+import pathlib
+import re
+import subprocess
+import sys
+from typing import List, Optional
+
+import pytest
+
+import host_callback
+
+ROOT = pathlib.Path(__file__).resolve().parent.parent
+DOCS = ROOT / "docs"
+GENERATED = {"benchmarks.md"}
+PAGE_TIMEOUT_SECONDS = 300
+MARKER = "----- host_callback docs test: end of block -----"
+
+_FENCE = re.compile(r"^(`{3,})\s*([^`\s]*)[^`]*$")
+_DIRECTIVE = re.compile(r"^<!--\s*test:\s*(.*?)\s*-->$")
+
+
+@dataclasses.dataclass
+class Block:
+  """A ```python block, and the output the page shows for it."""
+  page: str
+  line: int  # the line of the block's first code line, from 1
+  code: str
+  expected: Optional[str] = None
+  any_order: bool = False
+  skip: Optional[str] = None  # why the block does not run
+
+
+def _exists(dotted: str) -> bool:
+  parts = dotted.split(".")
+  for i in range(len(parts), 0, -1):
+    try:
+      value = importlib.import_module(".".join(parts[:i]))
+    except ImportError:
+      continue
+    try:
+      functools.reduce(getattr, parts[i:], value)
+    except AttributeError:
+      return False
+    return True
+  return False
+
+
+def parse_page(path: pathlib.Path) -> List[Block]:
+  """The python blocks of a Markdown page, with their expected outputs."""
+  lines = path.read_text().splitlines()
+  blocks: List[Block] = []
+  directives: List[str] = []
+  last_python: Optional[Block] = None  # a block that output may follow
+  i = 0
+  while i < len(lines):
+    line = lines[i]
+    fence = _FENCE.match(line)
+    directive = _DIRECTIVE.match(line.strip())
+    if directive:
+      directives.append(directive.group(1))
+      i += 1
+      continue
+    if not fence:
+      if line.strip():
+        last_python = None
+        directives = []
+      i += 1
+      continue
+    ticks, language = fence.groups()
+    end = next((j for j in range(i + 1, len(lines))
+                if lines[j].rstrip() == ticks), None)
+    assert end is not None, f"{path.name}:{i + 1}: unclosed code fence"
+    body = "\n".join(lines[i + 1:end])
+    if language == "python":
+      block = Block(path.name, i + 2, body)
+      for d in directives:
+        if d == "skip":
+          block.skip = "marked skip"
+        elif d == "any-order":
+          block.any_order = True
+        elif d.startswith("requires "):
+          name = d.removeprefix("requires ").strip()
+          if not _exists(name):
+            block.skip = f"{name} does not exist"
+        else:
+          raise AssertionError(f"{path.name}:{i}: unknown directive {d!r}")
+      blocks.append(block)
+      last_python = block
+    elif language == "text" and last_python is not None:
+      last_python.expected = body
+      last_python.any_order |= "any-order" in directives
+      last_python = None
+    else:
+      last_python = None
+    directives = []
+    i = end + 1
+  return blocks
+
+
+def pages() -> List[pathlib.Path]:
+  return sorted(p for p in DOCS.glob("*.md") if p.name not in GENERATED)
+
+
+def pages_with_code() -> List[pathlib.Path]:
+  return [p for p in pages() if parse_page(p)]
+
+
+# Runs each block of a page in one namespace and prints MARKER after each.
+_DRIVER = """
+import json, sys
+namespace = {"__name__": "__main__"}
+for block in json.load(open(sys.argv[1])):
+  source = "\\n" * (block["line"] - 1) + block["code"]
+  exec(compile(source, block["page"], "exec"), namespace)
+  print(%r, flush=True)
+""" % MARKER
+
+
+def _normalize(text: str) -> List[str]:
+  return [line.rstrip() for line in text.strip("\n").splitlines()]
+
+
+@pytest.mark.parametrize("page", pages_with_code(), ids=lambda p: p.name)
+def test_code_examples(page, transport, tmp_path):
+  blocks = [b for b in parse_page(page) if b.skip is None]
+  (tmp_path / "blocks.json").write_text(
+      json.dumps([dataclasses.asdict(b) for b in blocks]))
+  env = dict(os.environ)
+  env["XLA_FLAGS"] = "--xla_force_host_platform_device_count=4"
+  env["JAX_HOST_CALLBACK_TRANSPORT"] = transport
+  env.setdefault("JAX_PLATFORMS", "cpu")
+  process = subprocess.run(
+      [sys.executable, "-c", _DRIVER, str(tmp_path / "blocks.json")],
+      cwd=tmp_path, env=env, capture_output=True, text=True,
+      timeout=PAGE_TIMEOUT_SECONDS)
+  *completed, rest = process.stdout.split(MARKER + "\n")
+  for block, output in zip(blocks, completed):
+    if block.expected is None:
+      continue
+    expected, actual = _normalize(block.expected), _normalize(output)
+    if block.any_order:
+      expected, actual = sorted(expected), sorted(actual)
+    assert actual == expected, (
+        f"{page.name}:{block.line}: the block printed\n{output}\ninstead of\n"
+        f"{block.expected}")
+  if len(completed) < len(blocks):
+    pytest.fail(
+        f"{page.name}:{blocks[len(completed)].line}: the block failed; it "
+        f"printed\n{rest}\n--- stderr:\n{process.stderr[-5000:]}")
+  assert process.returncode == 0, process.stderr[-5000:]
+  assert not rest.strip(), (
+      f"{page.name}: printed after its last block (a tap not waited for with "
+      f"barrier_wait?):\n{rest}")
+
+
+def test_every_example_is_checked():
+  """No python block hides from the checker (indented, or in another form)."""
+  for page in pages():
+    text = page.read_text()
+    assert not re.search(r"^[ \t]+```\s*python", text, re.M), page.name
+    assert "```{code-block} python" not in text, page.name
+    assert ">>>" not in text, f"{page.name}: use ```python blocks"
+
+
+def test_api_reference_lists_every_public_name():
+  text = (DOCS / "api.md").read_text()
+  for name in host_callback.__all__:
+    assert f"host_callback.{name}" in text, name
+
+
+@functools.lru_cache(maxsize=None)
+def _sphinx_build(out_dir: str) -> subprocess.CompletedProcess:
+  return subprocess.run(
+      [sys.executable, "-m", "sphinx", "-W", "--keep-going", "-q", "-b",
+       "html", "-d", os.path.join(out_dir, ".doctrees"), str(DOCS), out_dir],
+      capture_output=True, text=True, timeout=PAGE_TIMEOUT_SECONDS)
+
+
+@pytest.fixture(scope="module")
+def html_dir(tmp_path_factory):
+  return tmp_path_factory.mktemp("docs_html")
+
+
+def test_sphinx_build(html_dir):
+  """`sphinx-build -W -b html docs` succeeds: warnings are errors."""
+  pytest.importorskip("sphinx")
+  pytest.importorskip("myst_parser")
+  process = _sphinx_build(str(html_dir))  # built once for all transports
+  assert process.returncode == 0, process.stdout + process.stderr
+  guide = (html_dir / "user_guide.html").read_text()
+  assert 'id="performance"' in guide
+  api = (html_dir / "api.html").read_text()
+  for name in host_callback.__all__:
+    assert f'id="host_callback.{name}"' in api, name
+
+
+def _marked_text(text: str, marker: str) -> str:
+  match = re.search(rf"<!-- test: {marker} -->\n```text\n(.*?)\n```", text,
+                    re.S)
+  assert match, f"no ```text block marked {marker}"
+  return match.group(1) + "\n"
+
+
+def test_codemod_example(tmp_path):
+  """The migration guide's before/after is what the codemod does."""
+  pytest.importorskip("libcst")
+  if not _exists("host_callback.migrate"):
+    pytest.skip("host_callback.migrate does not exist")
+  text = (DOCS / "migration.md").read_text()
+  path = tmp_path / "old_code.py"
+  path.write_text(_marked_text(text, "codemod-input"))
+  process = subprocess.run(
+      [sys.executable, "-m", "host_callback.migrate", str(path)],
+      capture_output=True, text=True, timeout=PAGE_TIMEOUT_SECONDS)
+  assert process.returncode == 0, process.stdout + process.stderr
+  assert path.read_text() == _marked_text(text, "codemod-output")
