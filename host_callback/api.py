@@ -112,10 +112,10 @@ def id_print(arg: Any, *, result: Any = None, tap_with_device: bool = False,
     result: returned instead of `arg` when given; not printed.
     tap_with_device: also print `device: ...`.
     device_index: see `id_tap`.
-    output_stream: where to write each line (`output_stream.write(line +
-      "\n")`); `print` when None.
+    output_stream: a text stream to write each line to, with its newline;
+      `print` when None.
     threshold: passed to `numpy.array2string` (NumPy's default when None).
-    **kwargs: printed in the header line.
+    kwargs: printed in the header line.
 
   Returns:
     `arg`, or `result` when given.
