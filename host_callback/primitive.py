@@ -148,3 +148,4 @@ def _lower(ctx, *operands, **params):
 
 
 mlir.register_lowering(host_callback_p, _lower, cacheable=False)
+adapter.install_while_lowering()  # taps in a batched while predicate

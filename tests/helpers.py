@@ -1,0 +1,108 @@
+"""Shared test helpers: a recording tap function, stdout capture, subprocesses."""
+
+from __future__ import annotations
+
+import contextlib
+import io
+import os
+import subprocess
+import sys
+import textwrap
+import threading
+from typing import Any, Dict, Iterator, List, Optional, Tuple
+
+import jax
+import numpy as np
+
+import host_callback as hcb
+
+SUBPROCESS_TIMEOUT = 120  # seconds; a hang fails the test instead of the run
+
+
+class Recorder:
+  """A tap function that records every call.
+
+  `calls` holds `(arg, transforms, device)` tuples in arrival order (`device`
+  is None unless the tap was made with `tap_with_device=True`).
+  """
+
+  def __init__(self) -> None:
+    self._lock = threading.Lock()
+    self.calls: List[Tuple[Any, Any, Any]] = []
+
+  def __call__(self, arg: Any, transforms: Any, *, device: Any = None) -> None:
+    with self._lock:
+      self.calls.append((arg, transforms, device))
+
+  @property
+  def args(self) -> List[Any]:
+    return [arg for arg, _, _ in self.calls]
+
+  @property
+  def transforms(self) -> List[Any]:
+    return [transforms for _, transforms, _ in self.calls]
+
+  @property
+  def devices(self) -> List[Any]:
+    return [device for _, _, device in self.calls]
+
+
+def batch(*dims: Optional[int]) -> Tuple[str, Dict[str, Any]]:
+  """The `transforms` entry that one `vmap` adds."""
+  return ("batch", {"batch_dims": tuple(dims)})
+
+
+def assert_tree_equal(actual: Any, expected: Any) -> None:
+  """Same pytree structure, and leaves equal as arrays with the same dtype."""
+  actual_leaves, actual_def = jax.tree_util.tree_flatten(actual)
+  expected_leaves, expected_def = jax.tree_util.tree_flatten(expected)
+  assert actual_def == expected_def, (actual, expected)
+  for a, e in zip(actual_leaves, expected_leaves):
+    assert isinstance(a, np.ndarray), (type(a), a)
+    e = np.asarray(e)
+    assert a.dtype == e.dtype, (a.dtype, e.dtype, actual)
+    np.testing.assert_array_equal(a, e)
+
+
+@contextlib.contextmanager
+def captured_stdout() -> Iterator[io.StringIO]:
+  """Redirects `sys.stdout` (for every thread), as the golden files were made.
+
+  The barrier runs inside, so that prints from receiver threads land here.
+  """
+  stream = io.StringIO()
+  with contextlib.redirect_stdout(stream):
+    yield stream
+    hcb.barrier_wait()
+
+
+def device_str(index: int) -> str:
+  """How `id_print` shows the device `jax.devices()[index]`."""
+  return str(jax.devices()[index])
+
+
+def print_blocks(text: str, lines_per_block: int) -> List[str]:
+  """Splits printed text into prints of `lines_per_block` lines each."""
+  lines = text.splitlines(keepends=True)
+  assert len(lines) % lines_per_block == 0, text
+  return ["".join(lines[i:i + lines_per_block])
+          for i in range(0, len(lines), lines_per_block)]
+
+
+def run_python(code: str, env: Optional[Dict[str, str]] = None,
+               transport: Optional[str] = None,
+               timeout: float = SUBPROCESS_TIMEOUT
+               ) -> subprocess.CompletedProcess:
+  """Runs `code` in a fresh interpreter; returns the finished process.
+
+  The child inherits XLA_FLAGS (4 CPU devices) and uses `transport`.
+  """
+  child_env = dict(os.environ)
+  child_env.pop("JAX_HOST_CALLBACK_INLINE", None)
+  child_env.pop("JAX_HOST_CALLBACK_MAX_QUEUE_BYTE_SIZE", None)
+  if transport is not None:
+    child_env["JAX_HOST_CALLBACK_TRANSPORT"] = transport
+  child_env.update(env or {})
+  return subprocess.run(
+      [sys.executable, "-c", textwrap.dedent(code)], env=child_env,
+      capture_output=True, text=True, timeout=timeout, check=False)

@@ -1,0 +1,256 @@
+"""Errors: exceptions in tap functions, barrier_wait's report, bad arguments."""
+
+import functools
+import logging
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+import pytest
+from jax import lax
+
+import host_callback as hcb
+from helpers import Recorder
+
+
+class UserError(Exception):
+  pass
+
+
+def raise_user_error(arg, transforms):
+  raise UserError(f"user message {int(arg)}")
+
+
+# --- exceptions in tap functions ---------------------------------------------
+
+
+def test_exception_in_tap_later_taps_delivered_and_barrier_raises():
+  rec = Recorder()
+
+  def f(x):
+    x = hcb.id_tap(rec, x)
+    x = hcb.id_tap(raise_user_error, x + 1)
+    return hcb.id_tap(rec, x + 1)
+
+  assert int(jax.jit(f)(1)) == 3
+  with pytest.raises(hcb.CallbackException) as info:
+    hcb.barrier_wait()
+  assert [int(v) for v in rec.args] == [1, 3]
+  message = str(info.value)
+  assert message.startswith(
+      "There were exceptions during callback processing. Last one was: "
+      "Traceback (most recent call last):")
+  assert "in raise_user_error" in message  # the user's frame
+  assert message.rstrip().endswith("UserError: user message 2")
+  assert isinstance(info.value.__cause__, UserError)
+  assert str(info.value.__cause__) == "user message 2"
+  # The later computations run normally, and the error is reported once.
+  assert int(jax.jit(f)(10)) == 12
+  with pytest.raises(hcb.CallbackException):
+    hcb.barrier_wait()
+  hcb.barrier_wait()
+
+
+def test_second_barrier_does_not_raise_again():
+  jax.jit(lambda x: hcb.id_tap(raise_user_error, x))(1)
+  with pytest.raises(hcb.CallbackException):
+    hcb.barrier_wait()
+  hcb.barrier_wait()
+  hcb.barrier_wait()
+
+
+def test_barrier_reports_the_last_exception():
+  f = jax.jit(lambda x: hcb.id_tap(raise_user_error, x))
+  for i in range(3):
+    f(i)
+  with pytest.raises(hcb.CallbackException) as info:
+    hcb.barrier_wait()
+  assert str(info.value.__cause__) == "user message 2"
+
+
+def test_exception_chains_the_original_object():
+  raised = []
+
+  def tap(arg, transforms):
+    error = KeyError("the original")
+    raised.append(error)
+    raise error
+
+  jax.jit(lambda x: hcb.id_tap(tap, x))(1.)
+  with pytest.raises(hcb.CallbackException) as info:
+    hcb.barrier_wait()
+  assert info.value.__cause__ is raised[0]
+  assert "KeyError: 'the original'" in str(info.value)
+
+
+def test_exception_in_eager_tap():
+  rec = Recorder()
+  hcb.id_tap(raise_user_error, jnp.int32(5))
+  hcb.id_tap(rec, jnp.int32(6))
+  with pytest.raises(hcb.CallbackException) as info:
+    hcb.barrier_wait()
+  assert str(info.value.__cause__) == "user message 5"
+  assert [int(v) for v in rec.args] == [6]
+
+
+def test_exception_in_loop_does_not_stop_later_iterations():
+  rec = Recorder()
+
+  def tap(arg, transforms):
+    rec(arg, transforms)
+    if int(arg) == 1:
+      raise UserError("at 1")
+
+  jax.jit(lambda: lax.fori_loop(0, 4, lambda i, c: c + hcb.id_tap(tap, i),
+                                0))()
+  with pytest.raises(hcb.CallbackException):
+    hcb.barrier_wait()
+  assert [int(v) for v in rec.args] == [0, 1, 2, 3]
+
+
+def test_exception_is_logged_with_traceback(caplog):
+  with caplog.at_level(logging.ERROR):
+    jax.jit(lambda x: hcb.id_tap(raise_user_error, x))(7)
+    with pytest.raises(hcb.CallbackException):
+      hcb.barrier_wait()
+  text = "\n".join(record.getMessage() for record in caplog.records)
+  assert "Traceback (most recent call last):" in text
+  assert "UserError: user message 7" in text
+
+
+def test_public_names():
+  for name in ("id_tap", "id_print", "call", "barrier_wait",
+               "stop_outfeed_receiver", "CallbackException",
+               "TapFunctionException"):
+    assert hasattr(hcb, name), name
+  from host_callback import (CallbackException, TapFunctionException,  # noqa: F401
+                             barrier_wait, call, id_print, id_tap,
+                             stop_outfeed_receiver)
+
+
+def test_tap_function_exception_alias():
+  assert hcb.TapFunctionException is hcb.CallbackException
+  assert issubclass(hcb.CallbackException, Exception)
+  jax.jit(lambda x: hcb.id_tap(raise_user_error, x))(1)
+  with pytest.raises(hcb.TapFunctionException):
+    hcb.barrier_wait()
+
+
+def test_barrier_wait_inside_tap_raises_runtime_error():
+  rec = Recorder()
+  caught = []
+
+  def tap(arg, transforms):
+    try:
+      hcb.barrier_wait()
+    except RuntimeError as error:
+      caught.append(error)
+      raise
+
+  jax.jit(lambda x: hcb.id_tap(rec, hcb.id_tap(tap, x) + 1))(1.)
+  with pytest.raises(hcb.CallbackException) as info:
+    hcb.barrier_wait()
+  assert len(caught) == 1
+  assert "barrier_wait" in str(caught[0])
+  assert "inside" in str(caught[0])
+  assert info.value.__cause__ is caught[0]
+  assert [float(v) for v in rec.args] == [2.]  # the receiver kept going
+  hcb.barrier_wait()
+
+
+def test_stop_outfeed_receiver_inside_tap_raises_runtime_error():
+  caught = []
+
+  def tap(arg, transforms):
+    try:
+      hcb.stop_outfeed_receiver()
+    except RuntimeError as error:
+      caught.append(error)
+      raise
+
+  jax.jit(lambda x: hcb.id_tap(tap, x))(1.)
+  with pytest.raises(hcb.CallbackException):
+    hcb.barrier_wait()
+  assert len(caught) == 1 and "stop_outfeed_receiver" in str(caught[0])
+  rec = Recorder()
+  jax.jit(lambda x: hcb.id_tap(rec, x))(2.)
+  hcb.barrier_wait()
+  assert [float(v) for v in rec.args] == [2.]
+
+
+# --- bad arguments, rejected at trace time ------------------------------------
+
+
+def test_removed_kwargs_type_error():
+  rec = Recorder()
+  with pytest.raises(TypeError) as info:
+    jax.jit(lambda x: hcb.id_tap(rec, x, what="x"))(1.)
+  message = str(info.value)
+  assert message.startswith(
+      "Support for **kwargs in ``id_tap`` has been removed")
+  assert "functools.partial" in message
+  with pytest.raises(TypeError, match="Support for \\*\\*kwargs"):
+    hcb.id_tap(rec, 1., output_stream=None)
+  hcb.barrier_wait()
+  assert rec.calls == []
+  # The recommended replacement works.
+  seen = []
+  jax.jit(lambda x: hcb.id_tap(
+      functools.partial(lambda a, t, what: seen.append((what, float(a))),
+                        what="x"), x))(1.)
+  hcb.barrier_wait()
+  assert seen == [("x", 1.)]
+
+
+@pytest.mark.parametrize("tap_func", [None, 3, "print"])
+def test_non_callable_tap_func_rejected_at_trace_time(tap_func):
+  with pytest.raises(TypeError, match="tap_func") as info:
+    jax.make_jaxpr(lambda x: hcb.id_tap(tap_func, x))(1.)
+  assert "callable" in str(info.value)
+  with pytest.raises(TypeError, match="tap_func"):
+    hcb.id_tap(tap_func, 1.)
+
+
+def test_string_leaf_rejected_at_trace_time():
+  rec = Recorder()
+  with pytest.raises(TypeError) as info:
+    jax.make_jaxpr(lambda x: hcb.id_tap(rec, (x, "label")))(1.)
+  message = str(info.value)
+  assert "arg" in message and "'label'" in message
+  assert "closure" in message or "partial" in message  # says what to do
+  with pytest.raises(TypeError, match="arg"):
+    hcb.id_print({"x": 1., "name": "a string"})
+  with pytest.raises(TypeError, match="arg"):
+    jax.jit(lambda x: hcb.id_tap(rec, [x, object()]))(1.)
+  hcb.barrier_wait()
+  assert rec.calls == []
+
+
+def test_device_index_out_of_range():
+  with pytest.raises(ValueError, match="device_index"):
+    jax.jit(lambda x: hcb.id_tap(lambda a, t: None, x,
+                                 device_index=jax.device_count()))(1.)
+
+
+def test_tap_function_with_wrong_signature_reported_at_barrier():
+  jax.jit(lambda x: hcb.id_tap(lambda a: None, x))(1.)  # takes 1 argument
+  with pytest.raises(hcb.CallbackException) as info:
+    hcb.barrier_wait()
+  assert isinstance(info.value.__cause__, TypeError)
+
+
+def test_errors_do_not_break_other_devices():
+  rec = Recorder()
+
+  def tap(arg, transforms, *, device):
+    rec(arg, transforms, device=device)
+    if device == jax.local_devices()[1]:
+      raise UserError("device 1")
+
+  out = jax.pmap(lambda x: hcb.id_tap(tap, x, tap_with_device=True))(
+      jnp.arange(float(jax.local_device_count())))
+  with pytest.raises(hcb.CallbackException):
+    hcb.barrier_wait()
+  np.testing.assert_array_equal(out, np.arange(jax.local_device_count()))
+  assert sorted(float(v) for v in rec.args) == list(
+      range(jax.local_device_count()))

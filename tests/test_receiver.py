@@ -1,0 +1,312 @@
+"""The receiver: barrier, stop and restart, exit, queue bound, threads, settings."""
+
+import io
+import threading
+import time
+
+import jax
+import jax.numpy as jnp
+import pytest
+
+import host_callback as hcb
+from helpers import Recorder, run_python
+
+
+def slow_recorder(rec, seconds=0.002):
+  def tap(arg, transforms):
+    time.sleep(seconds)
+    rec(arg, transforms)
+  return tap
+
+
+# --- barrier_wait ------------------------------------------------------------
+
+
+def test_barrier_waits_for_slow_taps():
+  rec = Recorder()
+  f = jax.jit(lambda x: hcb.id_tap(slow_recorder(rec, 0.01), x))
+  for i in range(20):
+    f(i)
+  hcb.barrier_wait()
+  assert [int(v) for v in rec.args] == list(range(20))
+
+
+def test_barrier_waits_for_eager_taps():
+  rec = Recorder()
+  for i in range(10):
+    hcb.id_tap(slow_recorder(rec, 0.01), jnp.int32(i))
+  hcb.barrier_wait("eager")
+  assert [int(v) for v in rec.args] == list(range(10))
+
+
+def test_barrier_without_any_tap():
+  hcb.barrier_wait()
+  hcb.barrier_wait("named")
+
+
+# --- stop_outfeed_receiver -----------------------------------------------------
+
+
+def test_stop_delivers_pending_then_next_use_restarts():
+  rec = Recorder()
+  tap = slow_recorder(rec, 0.01)
+  f = jax.jit(lambda x: hcb.id_tap(tap, x))
+  for i in range(10):
+    f(i)
+  hcb.stop_outfeed_receiver()
+  assert [int(v) for v in rec.args] == list(range(10))  # no barrier needed
+  hcb.stop_outfeed_receiver()  # stopping a stopped receiver is harmless
+  hcb.barrier_wait()
+  # Reuse: an executable compiled before the stop, a new one, and eager use.
+  f(10)
+  jax.jit(lambda x: hcb.id_tap(tap, x + 1))(10)
+  hcb.id_tap(tap, jnp.int32(12))
+  hcb.barrier_wait()
+  assert [int(v) for v in rec.args] == list(range(13))
+
+
+def test_stop_then_id_print():
+  stream = io.StringIO()
+  hcb.stop_outfeed_receiver()
+  jax.jit(lambda x: hcb.id_print(x, what="after stop",
+                                 output_stream=stream))(1.)
+  hcb.barrier_wait()
+  assert stream.getvalue() == "what: after stop\n1.\n"
+
+
+def test_stop_keeps_pending_exception_for_barrier():
+  def raising(arg, transforms):
+    raise ValueError("before stop")
+
+  jax.jit(lambda x: hcb.id_tap(raising, x))(1.)
+  hcb.stop_outfeed_receiver()
+  with pytest.raises(hcb.CallbackException) as info:
+    hcb.barrier_wait()
+  assert str(info.value.__cause__) == "before stop"
+
+
+# --- threads -------------------------------------------------------------------
+
+
+def test_taps_from_two_threads_and_barrier_from_a_third():
+  rec = Recorder()
+  tap = slow_recorder(rec, 0.001)
+  f = jax.jit(lambda tid, i: hcb.id_tap(tap, (tid, i)))
+  f(0, -1)  # compile first, so that both threads really dispatch together
+  hcb.barrier_wait()
+  rec.calls.clear()
+  n = 100
+  start = threading.Barrier(2)
+  failures = []
+
+  def dispatch(tid):
+    try:
+      start.wait()
+      for i in range(n):
+        f(tid, i)
+    except Exception as error:  # pylint: disable=broad-except
+      failures.append(error)
+
+  threads = [threading.Thread(target=dispatch, args=(tid,)) for tid in (1, 2)]
+  for thread in threads:
+    thread.start()
+  for thread in threads:
+    thread.join()
+  waiter = threading.Thread(target=hcb.barrier_wait)
+  waiter.start()
+  waiter.join()
+  assert not failures
+  received = [(int(tid), int(i)) for tid, i in rec.args]
+  assert len(received) == 2 * n
+  for tid in (1, 2):  # each thread's own calls stay in order
+    assert [i for t, i in received if t == tid] == list(range(n))
+
+
+def test_taps_from_another_thread_are_covered_by_main_barrier():
+  rec = Recorder()
+  f = jax.jit(lambda x: hcb.id_tap(slow_recorder(rec, 0.005), x))
+  thread = threading.Thread(target=lambda: [f(i) for i in range(20)])
+  thread.start()
+  thread.join()
+  hcb.barrier_wait()
+  assert [int(v) for v in rec.args] == list(range(20))
+
+
+# --- settings: inline ------------------------------------------------------------
+
+
+@pytest.fixture
+def inline():
+  jax.config.update("jax_host_callback_inline", True)
+  try:
+    yield
+  finally:
+    jax.config.update("jax_host_callback_inline", False)
+
+
+def _thread_recorder(threads):
+  return lambda arg, transforms: threads.append(
+      (threading.current_thread(), int(arg)))
+
+
+def test_eager_taps_run_on_receiver_thread_by_default():
+  threads = []
+  hcb.id_tap(_thread_recorder(threads), jnp.int32(1))
+  hcb.barrier_wait()
+  assert len(threads) == 1
+  assert threads[0][0] is not threading.current_thread()
+
+
+def test_inline_setting_runs_eager_taps_in_callers_thread(inline):
+  del inline
+  threads = []
+  out = hcb.id_tap(_thread_recorder(threads), jnp.int32(1))
+  # Already done when id_tap returns: no barrier needed.
+  assert threads == [(threading.current_thread(), 1)]
+  assert int(out) == 1
+  stream = io.StringIO()
+  hcb.id_print(jnp.arange(3), what="inline", output_stream=stream)
+  assert stream.getvalue() == "what: inline\n[0 1 2]\n"
+  hcb.barrier_wait()
+
+
+def test_inline_setting_exception_propagates_to_caller(inline):
+  del inline
+
+  def raising(arg, transforms):
+    raise KeyError("inline error")
+
+  with pytest.raises(KeyError, match="inline error"):
+    hcb.id_tap(raising, jnp.int32(1))
+  try:
+    hcb.barrier_wait()
+  except hcb.CallbackException:
+    pass
+
+
+def test_inline_setting_from_environment(transport):
+  result = run_python("""
+      import threading
+      import jax.numpy as jnp
+      import host_callback as hcb
+      seen = []
+      hcb.id_tap(lambda a, t: seen.append(
+          (threading.current_thread() is threading.main_thread(), int(a))),
+          jnp.int32(5))
+      print("before barrier", seen)
+      hcb.barrier_wait()
+      """, env={"JAX_HOST_CALLBACK_INLINE": "1"}, transport=transport)
+  assert result.returncode == 0, result.stderr
+  assert result.stdout == "before barrier [(True, 5)]\n"
+
+
+# --- settings: queue bound ---------------------------------------------------------
+
+
+def test_queue_size_below_minimum_rejected():
+  jax.config.update("jax_host_callback_max_queue_byte_size", 15_999_999)
+  try:
+    with pytest.raises(ValueError,
+                       match="JAX_HOST_CALLBACK_MAX_QUEUE_BYTE_SIZE"):
+      hcb.stop_outfeed_receiver()  # the bound applies to a new receiver
+      jax.jit(lambda x: hcb.id_tap(lambda a, t: None, x * 7))(1.)
+      hcb.barrier_wait()
+  finally:
+    jax.config.update("jax_host_callback_max_queue_byte_size", 256_000_000)
+  rec = Recorder()
+  jax.jit(lambda x: hcb.id_tap(rec, x * 3))(1.)
+  hcb.barrier_wait()
+  assert [float(v) for v in rec.args] == [3.]
+
+
+def test_queue_size_below_minimum_rejected_from_environment(transport):
+  result = run_python("""
+      import jax, host_callback as hcb
+      try:
+        jax.jit(lambda x: hcb.id_tap(lambda a, t: None, x))(1.)
+        hcb.barrier_wait()
+      except ValueError as error:
+        print("ValueError:", error)
+      """, env={"JAX_HOST_CALLBACK_MAX_QUEUE_BYTE_SIZE": "1e6"},
+                      transport=transport)
+  assert result.returncode == 0, result.stderr
+  assert result.stdout.startswith("ValueError: ")
+  assert "JAX_HOST_CALLBACK_MAX_QUEUE_BYTE_SIZE" in result.stdout
+  assert "16000000" in result.stdout
+
+
+def test_queue_bound_respected_with_slow_consumer(transport):
+  """4 MB taps into a 16 MB queue: the device waits, nothing is dropped."""
+  result = run_python("""
+      import time
+      import jax, jax.numpy as jnp
+      import host_callback as hcb
+
+      N, SIZE = 12, 1_000_000  # float32: 4 MB per tap
+      sent, consumed, ahead = [], [], []
+
+      def slow(arg, transforms):
+        ahead.append(len(sent) - len(consumed))
+        time.sleep(0.05)
+        consumed.append((int(arg[0]), int(arg[-1]), arg.shape))
+
+      def body(i, acc):
+        x = hcb.id_tap(slow, jnp.full((SIZE,), i, jnp.float32))
+        # Runs on the device after the tap's send has returned.
+        jax.debug.callback(lambda v: sent.append(int(v)), x[0])
+        return acc + x[-1]
+
+      total = jax.jit(lambda: jax.lax.fori_loop(0, N, body, 0.))()
+      hcb.barrier_wait()
+      stats = [s for (name, _), s in hcb.queue_statistics().items()
+               if s.high_water_bytes]
+      print("total", float(total))
+      print("consumed", consumed == [(i, i, (SIZE,)) for i in range(N)])
+      print("sent", sent == list(range(N)))
+      print("max ahead", max(ahead))
+      print("bound", [s.max_bytes for s in stats])
+      print("high water ok", all(s.high_water_bytes <= s.max_bytes + 4_000_000
+                                 for s in stats))
+      """, env={"JAX_HOST_CALLBACK_MAX_QUEUE_BYTE_SIZE": "16000000"},
+                      transport=transport)
+  assert result.returncode == 0, result.stderr
+  lines = dict(line.split(" ", 1) if " " in line else (line, "")
+               for line in result.stdout.replace("max ahead", "max_ahead")
+               .replace("high water ok", "high_water_ok").splitlines())
+  assert lines["total"] == str(float(sum(range(12))))
+  assert lines["consumed"] == "True"
+  assert lines["sent"] == "True"
+  # While the consumer works on tap k, at most 16 MB (4 taps) are queued,
+  # so the device has sent at most tap k+4 (one more may be on its way).
+  assert int(lines["max_ahead"]) <= 5, result.stdout
+  assert lines["bound"] == "[16000000]"
+  assert lines["high_water_ok"] == "True"
+
+
+# --- interpreter exit ---------------------------------------------------------------
+
+
+def test_pending_taps_delivered_at_exit(transport):
+  result = run_python("""
+      import sys, time
+      import jax, jax.numpy as jnp
+      import host_callback as hcb
+
+      def tap(arg, transforms):
+        time.sleep(0.0005)
+        sys.stdout.write(f"{int(arg)}\\n")
+
+      scan = jax.jit(lambda xs: jax.lax.scan(
+          lambda c, x: (c, hcb.id_tap(tap, x)), 0, xs)[1])
+      scan(jnp.arange(900))
+      single = jax.jit(lambda x: hcb.id_tap(tap, x))
+      for i in range(900, 1000):
+        single(i)
+      sys.stdout.write("dispatched\\n")
+      # No barrier_wait: exit must drain.
+      """, transport=transport)
+  assert result.returncode == 0, result.stderr
+  lines = result.stdout.splitlines()
+  assert "dispatched" in lines
+  numbers = [int(line) for line in lines if line != "dispatched"]
+  assert numbers == list(range(1000))
