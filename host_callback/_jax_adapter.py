@@ -25,6 +25,8 @@ from jax._src import effects as _effects
 from jax._src import named_sharding as _named_sharding
 from jax._src.interpreters import mlir as _mlir
 from jax._src import sharding_impls as _sharding_impls
+from jax._src.interpreters import mlir as _mlir
+from jax._src.lax.control_flow import loops as _loops
 from jax._src.lib.mlir.dialects import hlo  # StableHLO op builders
 
 SUPPORTED = ">=0.10,<0.13"
@@ -33,16 +35,18 @@ _REQUIRED = {
     _callback: ("emit_python_callback", "_callback_op_sharding"),
     _config: ("bool_state", "int_state", "enum_state",
               "use_shardy_partitioner"),
-    _core: ("physical_aval", "Token"),
+    _core: ("physical_aval", "Token", "abstract_token"),
     _dispatch: ("apply_primitive", "prim_requires_devices_during_lowering",
                 "runtime_tokens", "RuntimeTokenSet"),
     _effects: ("Effect", "lowerable_effects", "control_flow_allowed_effects",
                "custom_derivatives_allowed_effects", "remat_allowed_effects",
                "ordered_effects", "shardable_ordered_effects"),
-    _sharding_impls: ("ShardingContext", "SPMDAxisContext"),
+    _sharding_impls: ("ShardingContext", "SPMDAxisContext", "SdyArrayList"),
+    _mlir: ("set_sharding",),
     _named_sharding: ("SdyArray", "SdyDim"),
     _mlir: ("wrap_with_sharding_op",),
     pe: ("partial_eval_jaxpr_custom_rules",),
+    _loops: ("while_p", "_while_lowering"),
 }
 
 
@@ -199,6 +203,53 @@ def replicate_results(ctx: Any, results: Sequence[Any],
   return replicated
 
 
+# --- Native lowering helpers (wrap jax._src.core.abstract_token and
+# jax._src.interpreters.mlir.set_sharding) ----------------------------------
+
+def abstract_token() -> Any:
+  """The aval of an ordering token (jax._src.core.abstract_token)."""
+  return _core.abstract_token
+
+
+def sharded_devices(ctx: Any) -> Optional[Tuple[Any, ...]]:
+  """The device assignment when lowering automatically sharded code.
+
+  None unless the op is lowered in a `jit` over several devices whose
+  partitioner places it (jax._src.sharding_impls.ShardingContext).
+  """
+  axis_context = ctx.module_context.axis_context
+  if (isinstance(axis_context, _sharding_impls.ShardingContext)
+      and axis_context.num_devices > 1):
+    return axis_context.device_assignment
+  return None
+
+
+def set_token_op_sharding(ctx: Any, op: Any, place: ExecutionPlace,
+                          result_avals: Sequence[Any]) -> None:
+  """Annotates an op returning (token, *results) like a Python callback.
+
+  As jax._src.callback.emit_python_callback does: `op_sharding` of the
+  results, plus, under Shardy, one for the token when there are results.
+  Wraps jax._src.interpreters.mlir.set_sharding and
+  jax._src.sharding_impls.SdyArrayList.
+  """
+  sharding = op_sharding(ctx, place, result_avals)
+  if sharding is None:
+    return
+  if isinstance(sharding, _sharding_impls.SdyArrayList) and result_avals:
+    first = sharding.shardings[0]
+    token_sharding = dataclasses.replace(first, dim_shardings=())
+    sharding = _sharding_impls.SdyArrayList(
+        (token_sharding, *sharding.shardings))
+  _mlir.set_sharding(ctx.module_context, op, sharding)
+
+
+def thread_token(ctx: Any, token: Any) -> None:
+  """Makes `token` the output token of our effect for this equation."""
+  ctx.set_tokens_out(
+      ctx.tokens_in.update_tokens(mlir.TokenSet({host_callback_effect: token})))
+
+
 # --- Dispatched-computation tracking for barrier_wait ---------------------
 # JAX keeps the runtime token of each dispatched computation with effects in a
 # thread-local jax._src.dispatch.runtime_tokens, so `jax.effects_barrier()`
@@ -255,7 +306,57 @@ def install_dispatch_tracker() -> None:
     _dispatch.runtime_tokens = _TrackingRuntimeTokenSet()
 
 
+# --- vmap of a while loop whose predicate taps (wraps
+# jax._src.lax.control_flow.loops._while_lowering; checked against jax 0.10.2)
+# JAX lowers a while loop with ordered effects in its cond by restaging it,
+# and on that path forgets, for a batched predicate, to keep the carry of the
+# elements that are done: they keep running the body and the loop returns
+# wrong values. We lower that one case ourselves, as the original did.
+
+_jax_while_lowering = _loops._while_lowering
+
+
+def _while_lowering(ctx: Any, *args: Any, cond_jaxpr: Any, body_jaxpr: Any,
+                    cond_nconsts: int, body_nconsts: int) -> Any:
+  pred_aval = cond_jaxpr.out_avals[0]
+  if not (pred_aval.shape and host_callback_effect in cond_jaxpr.effects):
+    return _jax_while_lowering(ctx, *args, cond_jaxpr=cond_jaxpr,
+                               body_jaxpr=body_jaxpr, cond_nconsts=cond_nconsts,
+                               body_nconsts=body_nconsts)
+
+  def fun(*args):
+    cond_consts = args[:cond_nconsts]
+    body_consts = args[cond_nconsts:cond_nconsts + body_nconsts]
+    carry = list(args[cond_nconsts + body_nconsts:])
+
+    def pred_of(carry):  # taps the predicate once per evaluation
+      return _core.eval_jaxpr(cond_jaxpr.jaxpr, cond_jaxpr.consts,
+                              *cond_consts, *carry)[0]
+
+    def body(state):
+      pred, carry = state
+      new = _core.eval_jaxpr(body_jaxpr.jaxpr, body_jaxpr.consts,
+                             *body_consts, *carry)
+      dims = tuple(range(pred.ndim))  # the batch dims lead (batching rule)
+      carry = [jax.lax.select(jax.lax.broadcast_in_dim(pred, c.shape, dims),
+                              n, c) for n, c in zip(new, carry)]
+      return pred_of(carry), carry
+
+    def cond(state):
+      return jax.lax.reduce_or(state[0], tuple(range(state[0].ndim)))
+
+    return jax.lax.while_loop(cond, body, (pred_of(carry), carry))[1]
+
+  return mlir.lower_fun(fun, multiple_results=True)(ctx, *args)
+
+
+def install_while_lowering() -> None:
+  """Registers `_while_lowering` for `while_p` on every platform."""
+  mlir.register_lowering(_loops.while_p, _while_lowering)
+
+
 __all__ = [
+    "install_while_lowering",
     "ad", "batching", "hlo", "mlir", "pe", "check_jax", "bool_setting", "int_setting",
     "enum_setting", "host_callback_effect", "apply_primitive",
     "require_devices_during_lowering", "register_partial_eval_custom_rule",
