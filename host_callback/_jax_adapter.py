@@ -23,7 +23,6 @@ from jax._src import core as _core
 from jax._src import dispatch as _dispatch
 from jax._src import effects as _effects
 from jax._src import named_sharding as _named_sharding
-from jax._src.interpreters import mlir as _mlir
 from jax._src import sharding_impls as _sharding_impls
 from jax._src.interpreters import mlir as _mlir
 from jax._src.lax.control_flow import loops as _loops
@@ -42,9 +41,8 @@ _REQUIRED = {
                "custom_derivatives_allowed_effects", "remat_allowed_effects",
                "ordered_effects", "shardable_ordered_effects"),
     _sharding_impls: ("ShardingContext", "SPMDAxisContext", "SdyArrayList"),
-    _mlir: ("set_sharding",),
     _named_sharding: ("SdyArray", "SdyDim"),
-    _mlir: ("wrap_with_sharding_op",),
+    _mlir: ("set_sharding", "wrap_with_sharding_op"),
     pe: ("partial_eval_jaxpr_custom_rules",),
     _loops: ("while_p", "_while_lowering"),
 }
@@ -259,12 +257,14 @@ def thread_token(ctx: Any, token: Any) -> None:
 class _DispatchTracker:
   """The latest runtime token per (dispatching thread, device).
 
-  `_lock` guards `_pending`.
+  `_lock` guards `_pending`. `before_dispatch` is set by runtime.py: it runs
+  before each dispatch of a computation with our effect.
   """
 
   def __init__(self) -> None:
     self._lock = threading.Lock()
     self._pending: Dict[Tuple[int, Any], Any] = {}
+    self.before_dispatch: Callable[[], Any] = lambda: None
 
   def forget_after_fork(self) -> None:
     """A forked child cannot wait for its parent's computations."""
@@ -294,6 +294,23 @@ os.register_at_fork(after_in_child=dispatch_tracker.forget_after_fork)
 
 
 class _TrackingRuntimeTokenSet(_dispatch.RuntimeTokenSet):
+
+  def get_token_input(self, eff: Any, devices: Any) -> Any:
+    """Our effect's input token, never one of a computation that failed.
+
+    JAX would pass a failed computation's token to the next computation,
+    which then fails with the old error; JAX blocks on that token at dispatch
+    anyway (jax._src.array._token_shard_arg), so waiting here costs nothing.
+    """
+    if eff is host_callback_effect:
+      dispatch_tracker.before_dispatch()
+      token = self.current_tokens.get(eff)
+      if token is not None:
+        try:
+          token.block_until_ready()
+        except Exception:  # pylint: disable=broad-except
+          del self.current_tokens[eff]  # its own outputs reported the error
+    return super().get_token_input(eff, devices)
 
   def set_output_runtime_token(self, device: Any, token: Any) -> None:
     super().set_output_runtime_token(device, token)
@@ -356,10 +373,11 @@ def install_while_lowering() -> None:
 
 
 __all__ = [
-    "install_while_lowering",
-    "ad", "batching", "hlo", "mlir", "pe", "check_jax", "bool_setting", "int_setting",
-    "enum_setting", "host_callback_effect", "apply_primitive",
+    "ad", "batching", "hlo", "mlir", "pe", "check_jax", "bool_setting",
+    "int_setting", "enum_setting", "host_callback_effect", "apply_primitive",
     "require_devices_during_lowering", "register_partial_eval_custom_rule",
     "physical_aval", "ExecutionPlace", "execution_place", "op_sharding",
-    "emit_python_callback", "replicate_results", "dispatch_tracker", "install_dispatch_tracker",
+    "emit_python_callback", "replicate_results", "abstract_token",
+    "sharded_devices", "set_token_op_sharding", "thread_token",
+    "dispatch_tracker", "install_dispatch_tracker", "install_while_lowering",
 ]

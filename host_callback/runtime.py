@@ -134,4 +134,6 @@ def _drain_at_exit() -> None:
 
 
 _runtime = Runtime(at_exit=_drain_at_exit)
+# A cached executable may run after stop_outfeed_receiver(): restart first.
+adapter.dispatch_tracker.before_dispatch = receiver
 adapter.install_dispatch_tracker()

@@ -49,7 +49,7 @@ class Reply:
     return self._arrays
 
 
-@dataclasses.dataclass
+@dataclasses.dataclass(slots=True)
 class Packet:
   """What one device sends for one callback: a consumer id and its arrays."""
   consumer_id: int

@@ -335,14 +335,9 @@ def test_higher_order_vjp_with_float0_cotangents_and_result():
   assert stream.getvalue() == "( [0.7 0.8] [11 12 13] )\n" * 4
 
 
-def test_tap_of_float0_leaves(request, transport):
+def test_tap_of_float0_leaves():
   """A float0 value (e.g. a tangent of an integer in a custom_jvp rule)
   reaches the host as bool zeros, as XLA (and the original) carry it."""
-  if transport == "native":
-    request.applymarker(pytest.mark.xfail(
-        reason="BUG: native transport lays out float0 leaves with itemsize "
-        "0, so the leaves after them are read from the wrong offset",
-        strict=True))
   rec = Recorder()
   zeros = np.zeros((100,), jax.dtypes.float0)
   jax.jit(lambda x: hcb.id_tap(rec, (zeros, x)))(jnp.arange(4.))
@@ -351,12 +346,7 @@ def test_tap_of_float0_leaves(request, transport):
                                 np.arange(4., dtype=np.float32))])
 
 
-def test_custom_jvp_tapping_float0_tangent_of_integer(request, transport):
-  if transport == "native":
-    request.applymarker(pytest.mark.xfail(
-        reason="BUG: native transport hands float0 leaves to the host as "
-        "float0 arrays (python transport and the original: bool)",
-        strict=True))
+def test_custom_jvp_tapping_float0_tangent_of_integer():
   rec = Recorder()
 
   @jax.custom_jvp

@@ -2,7 +2,6 @@
 // with ctypes, which releases the GIL around every call.
 
 #include <cstdint>
-#include <memory>
 #include <string>
 #include <vector>
 
@@ -15,52 +14,29 @@ hcb::Hub& hub() { return hcb::Hub::Get(); }
 }  // namespace
 
 // Bumped whenever a signature below changes.
-HCB_EXPORT int64_t hcb_abi_version() { return 1; }
+HCB_EXPORT int64_t hcb_abi_version() { return 2; }
 
 HCB_EXPORT void hcb_attach(int64_t max_bytes) { hub().Attach(max_bytes); }
 
 HCB_EXPORT void hcb_stop() { hub().Stop(); }
 
-// Creates the queue of a device; returns 1 if it did not exist.
-HCB_EXPORT int hcb_open_device(int64_t ordinal) {
-  bool created = false;
-  hub().Queue(ordinal, &created);
-  return created ? 1 : 0;
-}
+// Creates the queue of a device if it has none yet.
+HCB_EXPORT void hcb_open_device(int64_t ordinal) { hub().Queue(ordinal); }
 
-// Writes up to `capacity` device ordinals that have a queue; returns how many
-// there are.
-HCB_EXPORT int64_t hcb_ordinals(int64_t* out, int64_t capacity) {
-  std::vector<int64_t> ordinals = hub().Ordinals();
-  for (int64_t i = 0; i < capacity && i < static_cast<int64_t>(ordinals.size());
-       ++i) {
-    out[i] = ordinals[i];
+// First releases `released_packets` consumed packets of `released_bytes`
+// (they count as finished and leave the queue's bound), then copies the next
+// packets into `dst` and `index` (4 int64 per packet: offset, site, request
+// id, size); see Hub::Take.
+HCB_EXPORT int64_t hcb_take(int64_t ordinal, double timeout_s, uint8_t* dst,
+                            int64_t capacity, int64_t* index,
+                            int64_t max_packets, int64_t released_packets,
+                            int64_t released_bytes, int64_t* needed) {
+  if (released_packets > 0) {
+    hub().Release(ordinal, released_packets, released_bytes);
   }
-  return static_cast<int64_t>(ordinals.size());
-}
-
-// Takes a batch of packets (see Hub::Take). Returns an opaque batch to pass
-// to hcb_copy_batch, or null; sets its packet count and total bytes.
-HCB_EXPORT void* hcb_take(int64_t ordinal, double timeout_s, int64_t max_bytes,
-                          int64_t* count, int64_t* bytes) {
-  std::unique_ptr<hcb::Batch> batch = hub().Take(ordinal, timeout_s, max_bytes);
-  if (batch == nullptr) return nullptr;
-  *count = static_cast<int64_t>(batch->packets.size());
-  *bytes = batch->bytes;
-  return batch.release();
-}
-
-// Copies a batch into `dst` (its total bytes long) and `index` (4 int64 per
-// packet: offset, site, request id, size), then frees it. Returns the number
-// of packets written.
-HCB_EXPORT int64_t hcb_copy_batch(void* batch, uint8_t* dst, int64_t* index) {
-  std::unique_ptr<hcb::Batch> owned(static_cast<hcb::Batch*>(batch));
-  return hub().CopyBatch(*owned, dst,
-                         reinterpret_cast<hcb::IndexEntry*>(index));
-}
-
-HCB_EXPORT void hcb_release(int64_t ordinal, int64_t packets, int64_t bytes) {
-  hub().Release(ordinal, packets, bytes);
+  return hub().Take(ordinal, timeout_s, dst, capacity,
+                    reinterpret_cast<hcb::IndexEntry*>(index), max_packets,
+                    needed);
 }
 
 HCB_EXPORT int hcb_wait_finished(int64_t ordinal, int64_t target,
@@ -79,15 +55,20 @@ HCB_EXPORT void hcb_stats(int64_t ordinal, int64_t* out) {
   out[3] = queue->enqueued;
 }
 
-// Posts a call's result arrays. Returns 0 when delivered, 1 when no device
-// waits for the request any more, 2 when the sizes do not match (the device
-// then fails with that message).
-HCB_EXPORT int hcb_reply(int64_t request_id, int64_t count, void* const* data,
-                         const int64_t* sizes) {
+// Posts a call's `count` result arrays, `sizes[i]` bytes each, back to back
+// in `data`. Returns 0 when delivered, 1 when no device waits for the request
+// any more, 2 when the sizes do not match (the device then fails with that
+// message).
+HCB_EXPORT int hcb_reply(int64_t request_id, int64_t count,
+                         const int64_t* sizes, const uint8_t* data) {
   std::vector<hcb::Span> results;
-  for (int64_t i = 0; i < count; ++i) results.push_back({data[i], sizes[i]});
+  for (int64_t i = 0, offset = 0; i < count; offset += sizes[i++]) {
+    results.push_back({const_cast<uint8_t*>(data + offset), sizes[i]});
+  }
   std::string mismatch;
-  if (!hub().Reply(request_id, results, &mismatch)) return 1;
+  if (!hub().Reply(request_id, results.data(), results.size(), &mismatch)) {
+    return 1;
+  }
   return mismatch.empty() ? 0 : 2;
 }
 

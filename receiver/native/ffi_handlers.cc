@@ -14,29 +14,47 @@ namespace ffi = xla::ffi;
 
 namespace {
 
-// The byte spans of the remaining arguments (after the token).
-ffi::Error Spans(const ffi::RemainingArgs& args, std::vector<hcb::Span>* out) {
-  out->reserve(args.size());
+// The byte spans of some buffers, without allocating for the usual few.
+class Spans {
+ public:
+  explicit Spans(size_t size) : size_(size) {
+    if (size > kInline) heap_.resize(size);
+  }
+  hcb::Span* data() { return size_ > kInline ? heap_.data() : inline_; }
+  size_t size() const { return size_; }
+
+ private:
+  static constexpr size_t kInline = 8;
+  size_t size_;
+  hcb::Span inline_[kInline];
+  std::vector<hcb::Span> heap_;
+};
+
+hcb::Span SpanOf(const ffi::AnyBuffer& buffer) {
+  return {buffer.untyped_data(), static_cast<int64_t>(buffer.size_bytes())};
+}
+
+ffi::Error ArgSpans(const ffi::RemainingArgs& args, Spans* spans) {
   for (size_t i = 0; i < args.size(); ++i) {
     auto buffer = args.get<ffi::AnyBuffer>(i);
     if (buffer.has_error()) return buffer.error();
-    out->push_back({buffer->untyped_data(),
-                    static_cast<int64_t>(buffer->size_bytes())});
+    spans->data()[i] = SpanOf(*buffer);
   }
   return ffi::Error::Success();
 }
 
-ffi::Error Failed(const hcb::Status& status) {
-  return ffi::Error(ffi::ErrorCode::kInternal, status);
+ffi::Error Done(const hcb::Status& status) {
+  return status.empty() ? ffi::Error::Success()
+                        : ffi::Error(ffi::ErrorCode::kInternal, status);
 }
 
 // A tap: copies the arguments into a packet on the device's queue.
 ffi::Error Outfeed(int32_t ordinal, ffi::Token, ffi::RemainingArgs args,
                    ffi::Result<ffi::Token>, int64_t site) {
-  std::vector<hcb::Span> arrays;
-  if (ffi::Error error = Spans(args, &arrays); error.failure()) return error;
-  hcb::Status status = hcb::Hub::Get().Send(ordinal, site, 0, arrays);
-  return status.empty() ? ffi::Error::Success() : Failed(status);
+  Spans arrays(args.size());
+  if (ffi::Error error = ArgSpans(args, &arrays); error.failure()) return error;
+  return Done(hcb::Hub::Get().Send(ordinal, site, /*request_id=*/0,
+                                   arrays.data(), arrays.size()));
 }
 
 // A call: sends the arguments as a request packet, then waits for the host's
@@ -44,17 +62,15 @@ ffi::Error Outfeed(int32_t ordinal, ffi::Token, ffi::RemainingArgs args,
 ffi::Error Call(int32_t ordinal, ffi::Token, ffi::RemainingArgs args,
                 ffi::Result<ffi::Token>, ffi::RemainingRets rets,
                 int64_t site) {
-  std::vector<hcb::Span> arrays, outputs;
-  if (ffi::Error error = Spans(args, &arrays); error.failure()) return error;
-  outputs.reserve(rets.size());
+  Spans arrays(args.size()), outputs(rets.size());
+  if (ffi::Error error = ArgSpans(args, &arrays); error.failure()) return error;
   for (size_t i = 0; i < rets.size(); ++i) {
     auto buffer = rets.get<ffi::AnyBuffer>(i);
     if (buffer.has_error()) return buffer.error();
-    outputs.push_back({(*buffer)->untyped_data(),
-                       static_cast<int64_t>((*buffer)->size_bytes())});
+    outputs.data()[i] = SpanOf(**buffer);
   }
-  hcb::Status status = hcb::Hub::Get().Call(ordinal, site, arrays, outputs);
-  return status.empty() ? ffi::Error::Success() : Failed(status);
+  return Done(hcb::Hub::Get().Call(ordinal, site, arrays.data(), arrays.size(),
+                                   outputs.data(), outputs.size()));
 }
 
 }  // namespace

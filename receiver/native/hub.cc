@@ -2,6 +2,7 @@
 
 #include "hub.h"
 
+#include <algorithm>
 #include <cstring>
 #include <thread>
 #include <utility>
@@ -16,9 +17,13 @@ namespace {
 using Clock = std::chrono::steady_clock;
 
 // How long a thread that expects an answer soon polls before it sleeps: a
-// futex wake-up costs more than the packet itself.
+// futex wake-up costs more than a packet.
 constexpr auto kConsumerSpin = std::chrono::microseconds(20);
 constexpr auto kReplySpin = std::chrono::microseconds(50);
+// Packets are written into chunks of this size (or one packet's size).
+constexpr int64_t kChunkBytes = 1 << 20;
+// Read chunks kept per device for reuse.
+constexpr size_t kSpareChunks = 2;
 
 inline void Relax() {
 #if defined(__x86_64__) || defined(_M_X64)
@@ -28,19 +33,38 @@ inline void Relax() {
 #endif
 }
 
-// Polls `done()` for up to `budget`; true if it became true.
+// Polls `done()` for up to `budget`; true if it became true. Pauses between
+// polls keep the polled cache line with its writer.
 template <typename Done>
 bool Spin(std::chrono::microseconds budget, Done done) {
   const auto deadline = Clock::now() + budget;
   for (int i = 0;; ++i) {
     if (done()) return true;
-    if ((i & 63) == 63 && Clock::now() >= deadline) return false;
-    Relax();
+    if ((i & 7) == 7 && Clock::now() >= deadline) return false;
+    for (int j = 0; j < 4; ++j) Relax();
   }
+}
+
+// Locks `mu`, first polling it briefly: the other side holds it for well
+// under a microsecond, far less than sleeping on it costs.
+std::unique_lock<std::mutex> LockSoon(std::mutex& mu) {
+  std::unique_lock<std::mutex> lock(mu, std::try_to_lock);
+  for (int i = 0; i < 256 && !lock.owns_lock(); ++i) {
+    Relax();
+    lock.try_lock();
+  }
+  if (!lock.owns_lock()) lock.lock();
+  return lock;
 }
 
 std::chrono::microseconds Seconds(double s) {
   return std::chrono::microseconds(static_cast<int64_t>(s * 1e6));
+}
+
+PacketHeader ReadHeader(const uint8_t* at) {
+  PacketHeader header;
+  std::memcpy(&header, at, sizeof(header));
+  return header;
 }
 
 }  // namespace
@@ -53,6 +77,11 @@ Hub& Hub::Get() {
 void Hub::Attach(int64_t max_bytes) {
   max_bytes_.store(max_bytes, std::memory_order_release);
   stopped_.store(false, std::memory_order_release);
+  std::lock_guard<std::mutex> lock(mu_);
+  for (auto& [ordinal, queue] : queues_) {
+    std::lock_guard<std::mutex> queue_lock(queue->mu);
+    queue->high_water = queue->bytes;  // statistics start with the receiver
+  }
 }
 
 void Hub::Stop() {
@@ -69,57 +98,44 @@ void Hub::Stop() {
   }
 }
 
-DeviceQueue* Hub::FindQueue(int64_t ordinal) {
-  if (ordinal >= 0 && ordinal < kFastOrdinals) {
+DeviceQueue* Hub::Queue(int64_t ordinal) {
+  const bool fast = ordinal >= 0 && ordinal < kFastOrdinals;
+  if (fast) {
     if (DeviceQueue* queue = fast_[ordinal].load(std::memory_order_acquire)) {
       return queue;
     }
   }
   std::lock_guard<std::mutex> lock(mu_);
-  auto it = queues_.find(ordinal);
-  return it == queues_.end() ? nullptr : it->second.get();
-}
-
-DeviceQueue* Hub::Queue(int64_t ordinal, bool* created) {
-  if (created != nullptr) *created = false;
-  if (DeviceQueue* queue = FindQueue(ordinal)) return queue;
-  std::lock_guard<std::mutex> lock(mu_);
   auto& entry = queues_[ordinal];
   if (entry == nullptr) {
     entry = std::make_unique<DeviceQueue>();
-    if (created != nullptr) *created = true;
-    if (ordinal >= 0 && ordinal < kFastOrdinals) {
-      fast_[ordinal].store(entry.get(), std::memory_order_release);
-    }
+    if (fast) fast_[ordinal].store(entry.get(), std::memory_order_release);
   }
   return entry.get();
 }
 
-std::vector<int64_t> Hub::Ordinals() {
-  std::lock_guard<std::mutex> lock(mu_);
-  std::vector<int64_t> ordinals;
-  for (auto& [ordinal, queue] : queues_) ordinals.push_back(ordinal);
-  return ordinals;
+Chunk* Hub::ChunkWithRoom(DeviceQueue* queue, int64_t size) {
+  if (!queue->chunks.empty()) {
+    Chunk* back = queue->chunks.back().get();
+    if (back->capacity - back->used >= size) return back;
+  }
+  std::unique_ptr<Chunk> chunk;
+  if (!queue->spare.empty() && size <= kChunkBytes) {
+    chunk = std::move(queue->spare.back());
+    queue->spare.pop_back();
+  } else {
+    chunk = std::make_unique<Chunk>(std::max(kChunkBytes, size));
+  }
+  queue->chunks.push_back(std::move(chunk));
+  return queue->chunks.back().get();
 }
 
 Status Hub::Send(int64_t ordinal, int64_t site, int64_t request_id,
-                 const std::vector<Span>& arrays) {
+                 const Span* arrays, size_t num_arrays) {
   int64_t size = kHeaderBytes;
-  for (const Span& array : arrays) size += AlignUp(array.bytes);
-  PacketPtr packet(new uint8_t[size]);
-  auto* header = reinterpret_cast<PacketHeader*>(packet.get());
-  *header = PacketHeader{size, site, request_id, {}};
-  int64_t offset = kHeaderBytes;
-  for (const Span& array : arrays) {
-    if (array.bytes > 0) std::memcpy(packet.get() + offset, array.data, array.bytes);
-    offset += AlignUp(array.bytes);
-  }
-  return Push(ordinal, std::move(packet), size);
-}
-
-Status Hub::Push(int64_t ordinal, PacketPtr packet, int64_t size) {
+  for (size_t i = 0; i < num_arrays; ++i) size += AlignUp(arrays[i].bytes);
   DeviceQueue* queue = Queue(ordinal);
-  std::unique_lock<std::mutex> lock(queue->mu);
+  std::unique_lock<std::mutex> lock = LockSoon(queue->mu);
   // Over the bound, wait for the consumer; a lone packet always fits, so the
   // bytes waiting never exceed the bound plus one packet.
   while (queue->enqueued > queue->finished &&
@@ -130,23 +146,34 @@ Status Hub::Push(int64_t ordinal, PacketPtr packet, int64_t size) {
              " waited for room in its full callback queue (see "
              "JAX_HOST_CALLBACK_MAX_QUEUE_BYTE_SIZE)";
     }
-    ++queue->senders_waiting;
     queue->changed.wait_for(lock, kPollInterval);
-    --queue->senders_waiting;
   }
-  queue->waiting.push_back(std::move(packet));
+  Chunk* chunk = ChunkWithRoom(queue, size);
+  uint8_t* packet = chunk->data.get() + chunk->used;
+  const PacketHeader header{size, site, request_id, {}};
+  std::memcpy(packet, &header, sizeof(header));
+  int64_t offset = kHeaderBytes;
+  for (size_t i = 0; i < num_arrays; ++i) {
+    if (arrays[i].bytes > 0) {
+      std::memcpy(packet + offset, arrays[i].data, arrays[i].bytes);
+    }
+    offset += AlignUp(arrays[i].bytes);
+  }
+  chunk->used += size;
+  queue->unread += size;
   queue->bytes += size;
-  if (queue->bytes > queue->high_water) queue->high_water = queue->bytes;
+  queue->high_water = std::max(queue->high_water, queue->bytes);
   ++queue->enqueued;
   queue->pushed.store(queue->enqueued, std::memory_order_release);
   if (queue->consumer_sleeping) queue->not_empty.notify_one();
   return Status();
 }
 
-Status Hub::Call(int64_t ordinal, int64_t site, const std::vector<Span>& arrays,
-                 const std::vector<Span>& outputs) {
+Status Hub::Call(int64_t ordinal, int64_t site, const Span* arrays,
+                 size_t num_arrays, const Span* outputs, size_t num_outputs) {
   ReplySlot slot;
   slot.outputs = outputs;
+  slot.num_outputs = num_outputs;
   int64_t id;
   {
     std::lock_guard<std::mutex> lock(mu_);
@@ -157,7 +184,8 @@ Status Hub::Call(int64_t ordinal, int64_t site, const std::vector<Span>& arrays,
     std::lock_guard<std::mutex> lock(mu_);
     slots_.erase(id);  // from here on no replier can reach `slot`
   };
-  if (Status status = Send(ordinal, site, id, arrays); !status.empty()) {
+  if (Status status = Send(ordinal, site, id, arrays, num_arrays);
+      !status.empty()) {
     forget();
     return status;
   }
@@ -187,11 +215,13 @@ Status Hub::Call(int64_t ordinal, int64_t site, const std::vector<Span>& arrays,
   }
 }
 
-std::unique_ptr<Batch> Hub::Take(int64_t ordinal, double timeout_s,
-                                 int64_t max_bytes) {
+int64_t Hub::Take(int64_t ordinal, double timeout_s, uint8_t* dst,
+                  int64_t capacity, IndexEntry* index, int64_t max_packets,
+                  int64_t* needed) {
+  *needed = 0;
   DeviceQueue* queue = Queue(ordinal);
-  std::unique_lock<std::mutex> lock(queue->mu);
-  if (queue->waiting.empty()) {
+  std::unique_lock<std::mutex> lock = LockSoon(queue->mu);
+  if (queue->unread == 0) {
     const int64_t seen = queue->enqueued;
     lock.unlock();
     Spin(kConsumerSpin, [&] {
@@ -201,42 +231,81 @@ std::unique_ptr<Batch> Hub::Take(int64_t ordinal, double timeout_s,
     lock.lock();
     queue->consumer_sleeping = true;
     queue->not_empty.wait_for(lock, Seconds(timeout_s), [&] {
-      return !queue->waiting.empty() || stopped();
+      return queue->unread > 0 || stopped();
     });
     queue->consumer_sleeping = false;
-    if (queue->waiting.empty()) return nullptr;
+    if (queue->unread == 0) return 0;
   }
-  auto batch = std::make_unique<Batch>();
-  batch->ordinal = ordinal;
-  while (!queue->waiting.empty() &&
-         (batch->packets.empty() || batch->bytes < max_bytes)) {
-    PacketPtr& packet = queue->waiting.front();
-    batch->bytes += reinterpret_cast<PacketHeader*>(packet.get())->size;
-    batch->packets.push_back(std::move(packet));
-    queue->waiting.pop_front();
-  }
-  return batch;
-}
-
-int64_t Hub::CopyBatch(const Batch& batch, uint8_t* dst, IndexEntry* index) {
-  int64_t count = 0, offset = 0, dropped = 0, dropped_bytes = 0;
-  for (const PacketPtr& packet : batch.packets) {
-    const auto* header = reinterpret_cast<const PacketHeader*>(packet.get());
-    if (header->request_id != 0) {
-      std::lock_guard<std::mutex> lock(mu_);
-      if (slots_.count(header->request_id) == 0) {
-        // Its device gave up waiting (the receiver stopped): nobody to answer.
-        ++dropped;
-        dropped_bytes += header->size;
-        continue;
+  // Under the lock, only find the byte ranges of whole packets: the device
+  // no longer touches them, so they are copied after unlocking.
+  struct Range {
+    const uint8_t* begin;
+    int64_t bytes;
+  };
+  std::vector<Range> ranges;
+  std::vector<std::unique_ptr<Chunk>> retired;  // read to their end
+  int64_t bytes = 0, packets = 0;
+  while (packets < max_packets) {
+    Chunk* chunk = queue->chunks.front().get();
+    const int64_t begin = queue->read_offset;
+    while (queue->read_offset < chunk->used && packets < max_packets) {
+      const int64_t size =
+          ReadHeader(chunk->data.get() + queue->read_offset).size;
+      if (bytes + size > capacity) {
+        if (packets == 0) *needed = size;
+        break;
       }
+      queue->read_offset += size;
+      bytes += size;
+      ++packets;
     }
-    std::memcpy(dst + offset, packet.get(), header->size);
-    index[count++] = IndexEntry{offset, header->site, header->request_id,
-                                header->size};
-    offset += header->size;
+    if (queue->read_offset > begin) {
+      ranges.push_back({chunk->data.get() + begin, queue->read_offset - begin});
+      queue->unread -= queue->read_offset - begin;
+    }
+    // Stop in a chunk not read to its end, or where the device still writes.
+    if (queue->read_offset < chunk->used || queue->chunks.size() == 1) break;
+    retired.push_back(std::move(queue->chunks.front()));
+    queue->chunks.pop_front();
+    queue->read_offset = 0;
   }
-  if (dropped > 0) Release(batch.ordinal, dropped, dropped_bytes);
+  lock.unlock();
+
+  int64_t offset = 0;
+  for (const Range& range : ranges) {
+    std::memcpy(dst + offset, range.begin, range.bytes);
+    offset += range.bytes;
+  }
+  int64_t count = 0, dropped = 0, dropped_bytes = 0;
+  for (int64_t at = 0; at < bytes;) {
+    const PacketHeader header = ReadHeader(dst + at);
+    bool live = true;
+    if (header.request_id != 0) {
+      std::lock_guard<std::mutex> slots_lock(mu_);
+      live = slots_.count(header.request_id) > 0;
+    }
+    if (live) {
+      index[count++] = IndexEntry{at, header.site, header.request_id,
+                                  header.size};
+    } else {
+      // Its device gave up waiting (the receiver stopped): nobody to answer.
+      ++dropped;
+      dropped_bytes += header.size;
+    }
+    at += header.size;
+  }
+  lock.lock();
+  for (std::unique_ptr<Chunk>& chunk : retired) {
+    if (queue->spare.size() < kSpareChunks && chunk->capacity == kChunkBytes) {
+      chunk->used = 0;
+      queue->spare.push_back(std::move(chunk));
+    }
+  }
+  if (dropped > 0) {
+    queue->finished += dropped;
+    queue->bytes -= dropped_bytes;
+    queue->changed.notify_all();
+  }
   return count;
 }
 
@@ -256,37 +325,38 @@ bool Hub::WaitFinished(int64_t ordinal, int64_t target, double timeout_s) {
   });
 }
 
-bool Hub::Finish(ReplySlot* slot, int state) {
+void Hub::Finish(ReplySlot* slot, int state) {
   {
     std::lock_guard<std::mutex> lock(slot->mu);
     slot->state.store(state, std::memory_order_release);
   }
   slot->cv.notify_all();
-  return true;
 }
 
-bool Hub::Reply(int64_t request_id, const std::vector<Span>& results,
+bool Hub::Reply(int64_t request_id, const Span* results, size_t num_results,
                 std::string* mismatch) {
   std::lock_guard<std::mutex> lock(mu_);
   auto it = slots_.find(request_id);
   if (it == slots_.end()) return false;
   ReplySlot* slot = it->second;
-  bool same = results.size() == slot->outputs.size();
-  for (size_t i = 0; same && i < results.size(); ++i) {
+  bool same = num_results == slot->num_outputs;
+  for (size_t i = 0; same && i < num_results; ++i) {
     same = results[i].bytes == slot->outputs[i].bytes;
   }
   if (!same) {
-    *mismatch = "host_callback: the host's result for a call does not match "
+    *mismatch = "host_callback: the host's result for a call does not have "
                 "the sizes the device expects";
     slot->error = *mismatch;
-    return Finish(slot, kFailed);
+    Finish(slot, kFailed);
+    return true;
   }
-  for (size_t i = 0; i < results.size(); ++i) {
+  for (size_t i = 0; i < num_results; ++i) {
     if (results[i].bytes > 0) {
       std::memcpy(slot->outputs[i].data, results[i].data, results[i].bytes);
     }
   }
-  return Finish(slot, kDone);
+  Finish(slot, kDone);
+  return true;
 }
 
 bool Hub::ReplyError(int64_t request_id, const std::string& message) {
@@ -294,7 +364,8 @@ bool Hub::ReplyError(int64_t request_id, const std::string& message) {
   auto it = slots_.find(request_id);
   if (it == slots_.end()) return false;
   it->second->error = message;
-  return Finish(it->second, kFailed);
+  Finish(it->second, kFailed);
+  return true;
 }
 
 }  // namespace hcb

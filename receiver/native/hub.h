@@ -35,7 +35,7 @@ constexpr int64_t kAlign = 16;
 constexpr int64_t kHeaderBytes = sizeof(PacketHeader);
 static_assert(kHeaderBytes % kAlign == 0, "header must keep data aligned");
 
-// One entry per packet written by Hub::CopyBatch for the Python decoder.
+// One entry per packet written by Hub::Take for the Python decoder.
 struct IndexEntry {
   int64_t offset;      // of the packet in the destination buffer
   int64_t site;
@@ -53,29 +53,42 @@ struct Span {
   int64_t bytes;
 };
 
-using PacketPtr = std::unique_ptr<uint8_t[]>;
-
 // The outcome of a device-side operation: empty when it succeeded.
 using Status = std::string;
 
-// A packet queue of one device. `mu` guards every non-atomic field.
+// A block where one device writes packets back to back.
+struct Chunk {
+  explicit Chunk(int64_t capacity)
+      : data(new uint8_t[capacity]), capacity(capacity) {}
+  std::unique_ptr<uint8_t[]> data;
+  int64_t capacity;
+  int64_t used = 0;  // bytes of complete packets; guarded by the queue's `mu`
+};
+
+// The packet queue of one device. `mu` guards every non-atomic field.
 struct DeviceQueue {
   std::mutex mu;
   std::condition_variable not_empty;  // the consumer waits on it
   std::condition_variable changed;    // senders and finish-waiters wait on it
-  std::deque<PacketPtr> waiting;      // pushed, not yet taken
+  // Front: the chunk being read from `read_offset`; back: being written.
+  std::deque<std::unique_ptr<Chunk>> chunks;
+  int64_t read_offset = 0;
+  int64_t unread = 0;                 // bytes pushed, not yet taken
+  std::vector<std::unique_ptr<Chunk>> spare;  // read chunks kept for reuse
   bool consumer_sleeping = false;
   int64_t bytes = 0;                  // pushed and not yet released
   int64_t high_water = 0;
   int64_t enqueued = 0;               // packets ever pushed
   int64_t finished = 0;               // packets released (consumed)
-  int64_t senders_waiting = 0;
-  std::atomic<int64_t> pushed{0};     // mirrors `enqueued`, read without `mu`
+  // Mirrors `enqueued` for a consumer that polls without `mu`; on its own
+  // cache line, so that polling does not slow the device's writes.
+  alignas(64) std::atomic<int64_t> pushed{0};
 };
 
 // The reply slot of one pending `call`; lives on the waiting device thread.
 struct ReplySlot {
-  std::vector<Span> outputs;          // where the result bytes go
+  const Span* outputs = nullptr;      // where the result bytes go
+  size_t num_outputs = 0;
   std::mutex mu;
   std::condition_variable cv;
   std::atomic<int> state{0};          // kPending, kDone or kFailed
@@ -83,45 +96,38 @@ struct ReplySlot {
 };
 constexpr int kPending = 0, kDone = 1, kFailed = 2;
 
-// Packets taken by a consumer, waiting to be copied out.
-struct Batch {
-  int64_t ordinal = 0;
-  std::vector<PacketPtr> packets;
-  int64_t bytes = 0;
-};
-
 // The process-wide state. `mu_` guards `queues_`, `slots_` and `next_request_`.
 class Hub {
  public:
   static Hub& Get();
 
-  // A receiver starts (again) with this queue bound; waits are allowed again.
+  // A receiver starts (again) with this queue bound; waits are allowed again
+  // and the queues' high-water marks restart.
   void Attach(int64_t max_bytes);
   // The receiver stopped: every waiting device fails, and so do new waits.
   void Stop();
   bool stopped() const { return stopped_.load(std::memory_order_acquire); }
 
   // The queue of a device, created on first use; never freed.
-  DeviceQueue* Queue(int64_t ordinal, bool* created = nullptr);
-  DeviceQueue* FindQueue(int64_t ordinal);
-  std::vector<int64_t> Ordinals();
+  DeviceQueue* Queue(int64_t ordinal);
 
   // Device side: copies `arrays` into a new packet on the device's queue,
   // first waiting while the queue is over its bound.
   Status Send(int64_t ordinal, int64_t site, int64_t request_id,
-              const std::vector<Span>& arrays);
+              const Span* arrays, size_t num_arrays);
   // Device side: sends a call packet, then waits for its reply, written into
   // `outputs`.
-  Status Call(int64_t ordinal, int64_t site, const std::vector<Span>& arrays,
-              const std::vector<Span>& outputs);
+  Status Call(int64_t ordinal, int64_t site, const Span* arrays,
+              size_t num_arrays, const Span* outputs, size_t num_outputs);
 
-  // Consumer side: takes the waiting packets (at most about `max_bytes`),
-  // waiting up to `timeout_s` for the first. Returns null if there are none.
-  std::unique_ptr<Batch> Take(int64_t ordinal, double timeout_s,
-                              int64_t max_bytes);
-  // Copies the packets of `batch` back to back into `dst` and describes
-  // them in `index`; calls whose device gave up are left out.
-  int64_t CopyBatch(const Batch& batch, uint8_t* dst, IndexEntry* index);
+  // Consumer side: copies the next waiting packets, in order, back to back
+  // into `dst` (`capacity` bytes) and describes them in `index` (at most
+  // `max_packets`), waiting up to `timeout_s` for the first. Returns the
+  // number of entries; calls whose device gave up are left out. Returns 0
+  // with `*needed` set when the next packet is larger than `capacity`.
+  int64_t Take(int64_t ordinal, double timeout_s, uint8_t* dst,
+               int64_t capacity, IndexEntry* index, int64_t max_packets,
+               int64_t* needed);
   // Marks consumed packets finished and frees their bytes in the bound.
   void Release(int64_t ordinal, int64_t packets, int64_t bytes);
   // Waits up to `timeout_s` until `target` packets are finished.
@@ -129,14 +135,14 @@ class Hub {
 
   // Posts the result (or error) of request `request_id`; false if no
   // device waits for it any more.
-  bool Reply(int64_t request_id, const std::vector<Span>& results,
+  bool Reply(int64_t request_id, const Span* results, size_t num_results,
              std::string* mismatch);
   bool ReplyError(int64_t request_id, const std::string& message);
 
  private:
   Hub() = default;
-  Status Push(int64_t ordinal, PacketPtr packet, int64_t size);
-  bool Finish(ReplySlot* slot, int state);
+  Chunk* ChunkWithRoom(DeviceQueue* queue, int64_t size);
+  void Finish(ReplySlot* slot, int state);
 
   std::atomic<bool> stopped_{true};
   std::atomic<int64_t> max_bytes_{256'000'000};

@@ -1,0 +1,384 @@
+"""The native transport: C++ XLA FFI handlers put packets on per-device queues.
+
+The device runs `HcbOutfeed` (taps) and `HcbCall` (calls) from the library
+built from `receiver/native/`; they copy the arrays into a packet on the
+device's queue and go on (a call then waits for its reply) without touching
+Python. This module loads the library with ctypes (which releases the GIL
+around each native call), and implements the `Transport` protocol for the
+receiver's threads: they take packets in batches, decode them into NumPy
+views, and post the replies of calls back to the waiting device.
+
+A packet carries a site id instead of shapes: `register_site` records, at
+lowering time, the consumer and the array layout of each callback site.
+"""
+
+from __future__ import annotations
+
+import collections
+import ctypes
+import dataclasses
+import importlib.machinery
+import itertools
+import os
+import struct
+import sys
+import threading
+from typing import Callable, Deque, Dict, List, Optional, Sequence, Tuple
+
+import numpy as np
+
+from .packets import POLL_SECONDS, Packet
+from .transport import QueueStats
+
+ABI_VERSION = 2
+# Names of the FFI targets, as registered with XLA by the JAX side.
+OUTFEED_TARGET = "host_callback_outfeed"
+CALL_TARGET = "host_callback_call"
+# A batch taken from a queue holds at most this many packets and bytes (but
+# at least one packet): small batches keep the objects alive at once, and so
+# the work of Python's garbage collector, small.
+BATCH_PACKETS = 256
+BATCH_BYTES = 512 << 10
+# The smallest batch buffer: buffers follow the batch sizes, so that arrays a
+# host function keeps do not keep much unused memory alive.
+MIN_BUFFER_BYTES = 16 << 10
+
+_HEADER_BYTES = 64
+_ALIGN = 16
+_i64 = ctypes.c_int64
+_p_i64 = ctypes.POINTER(ctypes.c_int64)
+
+
+def _align(n: int) -> int:
+  return (n + _ALIGN - 1) // _ALIGN * _ALIGN
+
+
+def _library_path() -> Optional[str]:
+  here = os.path.dirname(os.path.abspath(__file__))
+  for suffix in importlib.machinery.EXTENSION_SUFFIXES:
+    path = os.path.join(here, "_native" + suffix)
+    if os.path.exists(path):
+      return path
+  return None
+
+
+def _load() -> Optional[ctypes.CDLL]:
+  path = _library_path()
+  if path is None:
+    return None
+  lib = ctypes.CDLL(path)
+  signatures = {
+      "hcb_abi_version": ([], _i64),
+      "hcb_attach": ([_i64], None),
+      "hcb_stop": ([], None),
+      "hcb_open_device": ([_i64], None),
+      "hcb_take": ([_i64, ctypes.c_double, ctypes.c_void_p, _i64,
+                    ctypes.c_void_p, _i64, _i64, _i64, _p_i64], _i64),
+      "hcb_wait_finished": ([_i64, _i64, ctypes.c_double], ctypes.c_int),
+      "hcb_stats": ([_i64, _p_i64], None),
+      "hcb_reply": ([_i64, _i64, ctypes.c_char_p, ctypes.c_char_p],
+                    ctypes.c_int),
+      "hcb_reply_error": ([_i64, ctypes.c_char_p], ctypes.c_int),
+  }
+  for name, (argtypes, restype) in signatures.items():
+    function = getattr(lib, name)
+    function.argtypes = argtypes
+    function.restype = restype
+  if lib.hcb_abi_version() != ABI_VERSION:
+    raise ImportError(
+        f"host_callback: the native library {path} is stale (ABI "
+        f"{lib.hcb_abi_version()}, expected {ABI_VERSION}); reinstall "
+        "host-callback to rebuild it")
+  return lib
+
+
+_lib = _load()
+
+
+def available() -> bool:
+  """Whether the native library was built and loads."""
+  return _lib is not None
+
+
+def ffi_handlers() -> Dict[str, ctypes._CFuncPtr]:
+  """The FFI handlers by target name, as ctypes function pointers.
+
+  The JAX side wraps each with `jax.ffi.pycapsule` and registers it for CPU.
+  """
+  assert _lib is not None, "the native transport is not built"
+  return {OUTFEED_TARGET: _lib.HcbOutfeed, CALL_TARGET: _lib.HcbCall}
+
+
+# --- Callback sites: what a packet's bytes mean --------------------------
+
+@dataclasses.dataclass(frozen=True)
+class _Column:
+  """Where one array of a site's packets lies, and what it is."""
+  offset: int
+  dtype: np.dtype
+  shape: Tuple[int, ...]
+  strides: Tuple[int, ...]
+
+
+@dataclasses.dataclass(frozen=True)
+class _Site:
+  consumer_id: int
+  columns: Tuple[_Column, ...]
+  packet_bytes: int
+
+
+_sites_lock = threading.Lock()  # guards the two tables below
+_sites: List[_Site] = []
+_site_ids: Dict[tuple, int] = {}
+
+
+def register_site(consumer_id: int, dtypes: Sequence[np.dtype],
+                  shapes: Sequence[Tuple[int, ...]]) -> int:
+  """The id to put in the packets of a callback site.
+
+  The site's packets carry arrays of these dtypes and shapes, for the
+  consumer `consumer_id`.
+  """
+  key = (consumer_id, tuple(np.dtype(d) for d in dtypes),
+         tuple(tuple(s) for s in shapes))
+  with _sites_lock:
+    site_id = _site_ids.get(key)
+    if site_id is not None:
+      return site_id
+    columns, offset = [], _HEADER_BYTES
+    for dtype, shape in zip(key[1], key[2]):
+      strides = tuple(int(np.prod(shape[i + 1:], dtype=np.int64)) * dtype.itemsize
+                      for i in range(len(shape)))
+      columns.append(_Column(offset, dtype, shape, strides))
+      offset += _align(dtype.itemsize * int(np.prod(shape, dtype=np.int64)))
+    site_id = _site_ids[key] = len(_sites)
+    _sites.append(_Site(consumer_id, tuple(columns), offset))
+    return site_id
+
+
+# --- Devices: native queues are per device ordinal, for the whole process ---
+
+_devices_lock = threading.Lock()  # guards _key_by_ordinal and _active
+_key_by_ordinal: Dict[int, int] = {}
+_active: Optional["NativeTransport"] = None
+
+
+class _Reply:
+  """The reply to one call packet: delivered straight to the waiting device."""
+
+  __slots__ = ("_request_id",)
+
+  def __init__(self, request_id: int) -> None:
+    self._request_id = request_id
+
+  def set_result(self, arrays: Sequence[np.ndarray]) -> None:
+    """Copies the result arrays into the device's output buffers."""
+    assert _lib is not None
+    # Bytes objects are the cheapest to hand to ctypes.
+    blobs = [np.asarray(a).tobytes() for a in arrays]
+    sizes = struct.pack(f"{len(blobs)}q", *map(len, blobs))
+    _lib.hcb_reply(self._request_id, len(blobs), sizes, b"".join(blobs))
+
+  def set_error(self, error: BaseException) -> None:
+    """Makes the waiting device computation fail with `error`'s message."""
+    assert _lib is not None
+    message = str(error) if error.args else type(error).__name__
+    _lib.hcb_reply_error(self._request_id,
+                         message.encode("utf-8", "backslashreplace"))
+
+
+class _Device:
+  """Receiver-side state of one device queue; used by its consumer thread."""
+
+  __slots__ = ("ordinal", "batches", "finished", "finished_bytes",
+               "_buffer_bytes", "_buffers", "_index", "_index_address")
+
+  def __init__(self, ordinal: int) -> None:
+    self.ordinal = ordinal
+    # [packets not yet finished, packets, bytes] of each batch taken.
+    self.batches: Deque[List[int]] = collections.deque()
+    self.finished = 0        # packets finished and not yet released
+    self.finished_bytes = 0
+    self._buffer_bytes = MIN_BUFFER_BYTES  # for the next batch
+    self._buffers: List[Tuple[np.ndarray, int]] = []
+    self._index = np.empty((BATCH_PACKETS, 4), np.int64)
+    self._index_address = self._index.ctypes.data
+
+  def _buffer(self, nbytes: int) -> Tuple[np.ndarray, int]:
+    """A buffer of `nbytes` at least, and its address.
+
+    One of the last two is reused when no array views it any more.
+    """
+    for buffer, address in self._buffers:
+      # Referenced by the list's tuple, `buffer` and getrefcount's argument.
+      if buffer.nbytes >= nbytes and sys.getrefcount(buffer) == 3:
+        return buffer, address
+    buffer = np.empty(nbytes, np.uint8)
+    entry = (buffer, buffer.ctypes.data)
+    self._buffers = [entry, *self._buffers[:1]]
+    return entry
+
+  def take(self, timeout: float) -> Tuple[np.ndarray, np.ndarray]:
+    """The next batch's bytes and index rows; releases the finished packets."""
+    assert _lib is not None
+    needed = _i64(0)
+    data, address = self._buffer(self._buffer_bytes)
+    while True:
+      count = _lib.hcb_take(self.ordinal, timeout, address, data.nbytes,
+                            self._index_address, BATCH_PACKETS, self.finished,
+                            self.finished_bytes, ctypes.byref(needed))
+      self.finished = self.finished_bytes = 0
+      if not needed.value:
+        break
+      data, address = self._buffer(needed.value)  # one large packet
+    index = self._index[:count]
+    if count:
+      nbytes = int(index[:, 3].sum())
+      self.batches.append([count, count, nbytes])
+      self._buffer_bytes = min(BATCH_BYTES, max(MIN_BUFFER_BYTES, 2 * nbytes))
+    return data, index
+
+
+class NativeTransport:
+  """The `Transport` over the native queues.
+
+  One exists per running receiver; creating it allows devices to wait on
+  their queues again, and `wake_all` after the receiver stopped makes every
+  waiting device fail. `_lock` guards `_devices` and `_listener`.
+  """
+
+  name = "native"
+
+  def __init__(self, max_bytes: int, is_stopped: Callable[[], bool]) -> None:
+    global _active
+    assert _lib is not None, "the native transport is not built"
+    self._max_bytes = max_bytes
+    self._is_stopped = is_stopped
+    self._lock = threading.Lock()
+    self._devices: Dict[int, _Device] = {}
+    self._listener: Optional[Callable[[int], None]] = None
+    _lib.hcb_attach(max_bytes)
+    with _devices_lock:
+      _active = self
+      known = dict(_key_by_ordinal)
+    for ordinal, key in known.items():
+      self._add(ordinal, key)
+
+  def set_new_device_listener(self, listener: Callable[[int], None]) -> None:
+    with self._lock:
+      self._listener = listener
+      keys = list(self._devices)
+    for key in keys:
+      listener(key)
+
+  def open_device(self, ordinal: int, device_key: int) -> None:
+    """Prepares the queue of the device with this ordinal and key.
+
+    Called while lowering, for every local device that may send packets, so
+    that its consumer thread runs before the device sends.
+    """
+    assert _lib is not None
+    with _devices_lock:
+      _key_by_ordinal[ordinal] = device_key
+    _lib.hcb_open_device(ordinal)
+    self._add(ordinal, device_key)
+
+  def _add(self, ordinal: int, key: int) -> None:
+    with self._lock:
+      if key in self._devices:
+        return
+      self._devices[key] = _Device(ordinal)
+      listener = self._listener
+    if listener is not None:
+      listener(key)
+
+  def take_batch(self, device_key: int, timeout: float) -> List[Packet]:
+    device = self._devices[device_key]
+    data, index = device.take(timeout)
+    return _decode(data, index.tolist(), device_key) if len(index) else []
+
+  def mark_finished(self, device_key: int, packet: Packet) -> None:
+    # The bytes are released by the next take_batch, which the consumer
+    # thread calls as soon as it has finished its batch.
+    device = self._devices[device_key]
+    batch = device.batches[0]
+    batch[0] -= 1
+    if not batch[0]:
+      device.batches.popleft()
+      device.finished += batch[1]
+      device.finished_bytes += batch[2]
+
+  def wait_finished(self, device_key: int, is_stopped: Callable[[], bool]) -> None:
+    assert _lib is not None
+    ordinal = self._devices[device_key].ordinal
+    target = self._stats(ordinal)[3]
+    while (not _lib.hcb_wait_finished(ordinal, target, POLL_SECONDS)
+           and not is_stopped()):
+      pass
+
+  def device_keys(self) -> List[int]:
+    with self._lock:
+      return list(self._devices)
+
+  def _stats(self, ordinal: int) -> List[int]:
+    assert _lib is not None
+    out = (ctypes.c_int64 * 4)()
+    _lib.hcb_stats(ordinal, out)
+    return list(out)
+
+  def stats(self, device_key: int) -> QueueStats:
+    bytes_waiting, packets_waiting, high_water, _ = self._stats(
+        self._devices[device_key].ordinal)
+    return QueueStats(bytes_waiting, packets_waiting, high_water,
+                      self._max_bytes)
+
+  def wake_all(self) -> None:
+    """After the receiver stopped: every device waiting on it fails."""
+    assert _lib is not None
+    if self._is_stopped():
+      global _active
+      with _devices_lock:
+        if _active is self:
+          _active = None
+          _lib.hcb_stop()
+
+
+def _decode(data: np.ndarray, rows: List[List[int]], device_key: int
+            ) -> List[Packet]:
+  """The packets of a batch, their arrays views over `data`.
+
+  `rows` has a row (offset, site, request id, size) per packet. Consecutive
+  packets of one site lie at a fixed stride, so each of the site's arrays is
+  one strided view whose rows are the packets' arrays.
+  """
+  packets: List[Packet] = []
+  start, count = 0, len(rows)
+  while start < count:
+    offset, site_id, request_id, _ = rows[start]
+    stop = start + 1
+    while stop < count and rows[stop][1] == site_id:
+      stop += 1
+    site = _sites[site_id]
+    run = stop - start
+    start = stop
+    if run == 1:  # the usual batch of a `call`: skip the strided views
+      packets.append(Packet(
+          site.consumer_id, device_key,
+          [np.ndarray(c.shape, c.dtype, data, offset + c.offset)
+           for c in site.columns],
+          _Reply(request_id) if request_id else None))
+      continue
+    columns = []
+    for column in site.columns:
+      view = np.ndarray((run,) + column.shape, column.dtype, data,
+                        offset + column.offset,
+                        (site.packet_bytes,) + column.strides)
+      # A row of a 1-d view would be a NumPy scalar: keep 0-d arrays.
+      columns.append(list(view) if column.shape
+                     else [view[i, ...] for i in range(run)])
+    arrays = zip(*columns) if columns else itertools.repeat((), run)
+    replies = (map(_Reply, [row[2] for row in rows[stop - run:stop]])
+               if request_id else itertools.repeat(None, run))
+    packets.extend(map(Packet, itertools.repeat(site.consumer_id, run),
+                       itertools.repeat(device_key, run), arrays, replies))
+  return packets

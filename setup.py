@@ -1,0 +1,72 @@
+"""Builds the native transport of host_callback (receiver/native/*.cc).
+
+The metadata lives in setup.cfg. The extension is optional: without a C++17
+compiler, or without the XLA FFI headers that jaxlib ships, the install still
+succeeds with one warning, and host_callback uses its Python transport.
+"""
+
+import importlib.util
+import os
+import sys
+
+from setuptools import Extension, setup
+from setuptools.command.build_ext import build_ext
+
+NATIVE_DIR = os.path.join("receiver", "native")
+FALLBACK = ("host_callback will use its Python transport, which is slower "
+            "(install a C++17 compiler and reinstall host-callback to get "
+            "the native one)")
+
+
+def ffi_include_dir():
+  """jaxlib's include directory (what `jax.ffi.include_dir()` returns).
+
+  Found without importing jax, so that the build works with only jaxlib
+  installed (pyproject.toml's build requirements).
+  """
+  spec = importlib.util.find_spec("jaxlib")
+  if spec is None or not spec.submodule_search_locations:
+    return None
+  for location in spec.submodule_search_locations:
+    include = os.path.join(location, "include")
+    if os.path.exists(os.path.join(include, "xla", "ffi", "api", "ffi.h")):
+      return include
+  return None
+
+
+def warn(reason):
+  """The single warning of a build without the native transport."""
+  sys.stderr.write(f"WARNING: host_callback: {reason}; {FALLBACK}.\n")
+
+
+class OptionalBuildExt(build_ext):
+  """Builds the native library when it can, and warns once when it cannot."""
+
+  def build_extension(self, ext):
+    include = ffi_include_dir()
+    if include is None:
+      warn("jaxlib's XLA FFI headers were not found at build time")
+      return
+    # A system include: keeps the headers' own warnings out of the build log.
+    ext.extra_compile_args += ["-isystem", include]
+    try:
+      super().build_extension(ext)
+    except Exception as error:  # pylint: disable=broad-except
+      # distutils' CompileError/LinkError, or OSError for a missing compiler.
+      warn(f"the native transport could not be compiled ({error})")
+
+  def get_export_symbols(self, ext):
+    # A ctypes library, not a Python module: there is no PyInit_ symbol.
+    return []
+
+
+native = Extension(
+    "host_callback.receiver._native",
+    sources=[os.path.join(NATIVE_DIR, name)
+             for name in ("hub.cc", "ffi_handlers.cc", "c_api.cc")],
+    depends=[os.path.join(NATIVE_DIR, "hub.h")],
+    language="c++",
+    extra_compile_args=["-std=c++17", "-O2", "-g0", "-fvisibility=hidden"],
+)
+
+setup(ext_modules=[native], cmdclass={"build_ext": OptionalBuildExt})

@@ -1,0 +1,371 @@
+"""The native transport: ordering, backpressure, stop, volume, sharded jit.
+
+conftest.py runs every test once per available transport; the tests that
+exercise the native queues themselves skip on the Python transport, the
+others (sharded jit, errors, dtypes) check that both transports agree.
+"""
+
+import threading
+import time
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+import pytest
+from jax.sharding import NamedSharding, PartitionSpec as P
+
+import host_callback as hcb
+from host_callback import runtime, settings
+from host_callback.receiver import transport_native
+
+
+@pytest.fixture
+def native_only(transport):
+  if transport != "native":
+    pytest.skip("exercises the native transport's queues")
+
+
+def _native_transport():
+  return runtime.receiver().transports["native"]
+
+
+@pytest.fixture
+def small_queue():
+  """Restarts the receiver with the smallest queue bound."""
+  hcb.stop_outfeed_receiver()
+  jax.config.update("jax_host_callback_max_queue_byte_size",
+                    settings.MIN_QUEUE_BYTES)
+  yield settings.MIN_QUEUE_BYTES
+  hcb.stop_outfeed_receiver()
+  jax.config.update("jax_host_callback_max_queue_byte_size",
+                    settings.DEFAULT_QUEUE_BYTES)
+
+
+def _stop_without_drain() -> None:
+  """What `Receiver.stop` does after a drain that cannot finish."""
+  receiver = runtime.receiver()
+  receiver._stopped.set()  # pylint: disable=protected-access
+  for transport in receiver.transports.values():
+    transport.wake_all()
+
+
+def _wait_until(condition, timeout=30.0) -> None:
+  deadline = time.monotonic() + timeout
+  while not condition():
+    assert time.monotonic() < deadline, "timed out"
+    time.sleep(0.01)
+
+
+def _run_in_thread(computation):
+  """Runs `computation()` to completion in a thread (dispatch may be inline).
+
+  Returns a function that joins it and returns the exception it raised.
+  """
+  outcome = []
+
+  def run():
+    try:
+      jax.block_until_ready(computation())
+      outcome.append(None)
+    except Exception as error:  # pylint: disable=broad-except
+      outcome.append(error)
+
+  thread = threading.Thread(target=run, daemon=True)
+  thread.start()
+
+  def join():
+    thread.join(30)
+    assert outcome, "the computation hung"
+    return outcome[0]
+  return join
+
+
+def test_native_is_built_and_chosen_on_cpu(transport):
+  if transport == "python":
+    assert settings.transport_name(False) == "python"
+    return
+  assert transport_native.available()
+  jax.config.update("jax_host_callback_transport", "auto")
+  assert settings.transport_name(runtime.native_available()) == "native"
+
+
+def test_pmap_each_device_in_order(transport):
+  steps = 500
+  seen = {}
+
+  def tap(x, transforms, device):
+    seen.setdefault(device.id, []).append((int(x[0]), int(x[1])))
+
+  def per_device(d):
+    def body(i, _):
+      hcb.id_tap(tap, jnp.stack([d, i]), tap_with_device=True)
+      return i + 1, None
+    return jax.lax.scan(body, jnp.int32(0), None, length=steps)[0]
+
+  jax.pmap(per_device)(jnp.arange(4, dtype=jnp.int32))
+  jax.pmap(per_device)(jnp.arange(4, dtype=jnp.int32))  # a second execution
+  hcb.barrier_wait()
+  assert sorted(seen) == [d.id for d in jax.devices()[:4]]
+  for position, device in enumerate(jax.devices()[:4]):
+    assert seen[device.id] == [(position, i) for i in range(steps)] * 2
+
+
+def test_hundred_thousand_taps_delivered(transport):
+  steps = 100_000
+  received = []
+
+  @jax.jit
+  def loop(x):
+    def body(i, _):
+      hcb.id_tap(lambda v, tr: received.append(v), (i, x * i))
+      return i + 1, None
+    return jax.lax.scan(body, jnp.int32(0), None, length=steps)[0]
+
+  assert int(loop(jnp.int32(3))) == steps
+  hcb.barrier_wait()
+  assert len(received) == steps
+  indices = np.array([int(i) for i, _ in received])
+  payloads = np.array([int(v) for _, v in received], np.int64)
+  np.testing.assert_array_equal(indices, np.arange(steps))
+  assert payloads.sum() == 3 * steps * (steps - 1) // 2
+
+
+def test_queue_bound_honoured(native_only, small_queue):
+  bound = small_queue
+  packet = 4 * 250_000  # one f32[250000] per tap
+  worst = []
+
+  def slow_tap(x, transforms):
+    stats = _native_transport().stats(0)
+    worst.append(stats.bytes_waiting)
+    time.sleep(0.002)
+
+  @jax.jit
+  def loop(x):
+    def body(c, _):
+      hcb.id_tap(slow_tap, c)
+      return c + 1, None
+    return jax.lax.scan(body, x, None, length=60)[0]
+
+  loop(jnp.zeros(250_000, jnp.float32))
+  hcb.barrier_wait()
+  stats = _native_transport().stats(0)
+  assert stats.max_bytes == bound
+  assert len(worst) == 60
+  one_packet = packet + 64  # the packet header
+  assert max(worst) <= bound + one_packet
+  assert bound - one_packet <= stats.high_water_bytes <= bound + one_packet
+  assert stats.bytes_waiting == 0 and stats.packets_waiting == 0
+
+
+def test_stop_while_device_waits_for_room(native_only, small_queue):
+  release = threading.Event()
+
+  def blocked_tap(x, transforms):
+    release.wait(30)
+
+  @jax.jit
+  def loop(x):
+    def body(c, _):
+      hcb.id_tap(blocked_tap, c)
+      return c + 1, None
+    return jax.lax.scan(body, x, None, length=40)[0]
+
+  join = _run_in_thread(lambda: loop(jnp.zeros(1_000_000, jnp.float32)))
+  transport = _native_transport()  # 4 MB per packet:
+  _wait_until(lambda: 0 in transport.device_keys() and
+              transport.stats(0).bytes_waiting >= small_queue - 4e6)
+  _stop_without_drain()
+  error = join()
+  assert "waited for room in its full callback queue" in str(error)
+  release.set()
+  hcb.stop_outfeed_receiver()
+  # The next use starts a new receiver, and works.
+  assert float(jax.jit(lambda x: hcb.id_tap(blocked_tap, x) + 1)(1.0)) == 2.0
+  hcb.barrier_wait()
+
+
+def test_stop_while_device_waits_for_call_result(native_only):
+  release = threading.Event()
+  called = threading.Event()
+
+  def blocked(x):
+    called.set()
+    release.wait(30)
+    return x
+
+  join = _run_in_thread(
+      lambda: jax.jit(lambda x: hcb.call(blocked, x, result_shape=x))(1.0))
+  assert called.wait(30)
+  _stop_without_drain()
+  error = join()
+  assert ("receiver was stopped while device 0 waited for the result of a "
+          "host_callback.call") in str(error)
+  release.set()
+  hcb.stop_outfeed_receiver()
+  assert float(jax.jit(lambda x: hcb.call(lambda v: v + 1, x,
+                                          result_shape=x))(1.0)) == 2.0
+
+
+def test_compiled_computation_after_stop(transport):
+  """A cached executable run after stop_outfeed_receiver restarts it."""
+  taps = []
+  tap = jax.jit(lambda x: hcb.id_tap(lambda v, tr: taps.append(float(v)), x))
+  call = jax.jit(lambda x: hcb.call(lambda v: v * 2, x, result_shape=x))
+  tap(1.0)
+  assert float(call(1.0)) == 2.0
+  hcb.stop_outfeed_receiver()
+  tap(2.0)  # no lowering this time: the executables are cached
+  assert float(call(3.0)) == 6.0
+  hcb.barrier_wait()
+  assert taps == [1.0, 2.0]
+
+
+def test_dispatch_is_asynchronous(native_only):
+  dispatched = threading.Event()
+  waited = []
+
+  def wait_for_dispatch(x):
+    waited.append(dispatched.wait(20))  # False if dispatch was synchronous
+    return x
+
+  @jax.jit
+  def work(x):
+    y = jnp.tanh(x @ x.T / x.shape[0])
+    y = hcb.call(wait_for_dispatch, y, result_shape=y)
+    return jnp.tanh(y @ y.T / y.shape[0])
+
+  x = jnp.ones((256, 256), jnp.float32)
+  work(x).block_until_ready()  # compile
+  dispatched.set()
+  waited.clear()
+  dispatched.clear()
+  result = work(x)
+  dispatched.set()
+  result.block_until_ready()
+  assert waited == [True]
+
+
+def test_call_error_fails_computation_then_next_runs(transport):
+  def bad(x):
+    raise ValueError("boom")
+
+  with pytest.raises(Exception, match="bad raised ValueError: boom"):
+    jax.jit(lambda x: hcb.call(bad, x, result_shape=x) + 1)(1.0
+                                                          ).block_until_ready()
+  with pytest.raises(hcb.CallbackException, match="ValueError: boom"):
+    hcb.barrier_wait()
+  assert float(jax.jit(lambda x: hcb.call(lambda v: v * 2, x,
+                                          result_shape=x))(3.0)) == 6.0
+
+
+def test_failed_async_computation_does_not_fail_the_next(transport):
+  """After a computation fails once dispatched, the next ones run normally.
+
+  JAX hands each computation with ordered effects the previous one's output
+  token; a failed computation's token must not fail all later ones.
+  """
+  def bad(x):
+    raise ValueError("boom")
+
+  @jax.jit
+  def work(x):  # large enough to be dispatched asynchronously
+    y = jnp.tanh(x @ x.T / x.shape[0])
+    y = hcb.call(bad, y, result_shape=y)
+    return jnp.tanh(y @ y.T / y.shape[0])
+
+  with pytest.raises(Exception, match="bad raised ValueError: boom"):
+    work(jnp.ones((256, 256), jnp.float32)).block_until_ready()
+  with pytest.raises(hcb.CallbackException, match="ValueError: boom"):
+    hcb.barrier_wait()
+  for _ in range(2):
+    assert float(jax.jit(lambda x: hcb.call(lambda v: v * 2, x,
+                                            result_shape=x))(3.0)) == 6.0
+
+
+@pytest.mark.parametrize("dtype", [np.bool_, np.int8, np.uint16, np.int64,
+                                   np.float16, jnp.bfloat16, np.float64,
+                                   np.complex64])
+def test_dtypes_round_trip(transport, dtype):
+  x = (np.arange(6) % 3).astype(dtype).reshape(2, 3)
+  taps = []
+  # Globally: the receiver's threads canonicalize dtypes too.
+  jax.config.update("jax_enable_x64", True)
+  try:
+    result = jax.jit(lambda v: hcb.call(
+        lambda a: taps.append(a) or a,
+        hcb.id_tap(lambda a, tr: taps.append(a), v), result_shape=v))(x)
+    hcb.barrier_wait()
+  finally:
+    jax.config.update("jax_enable_x64", False)
+  np.testing.assert_array_equal(np.asarray(result), x)
+  assert [t.dtype for t in taps] == [x.dtype, x.dtype]
+  for tap in taps:
+    np.testing.assert_array_equal(tap, x)
+
+
+def test_empty_and_missing_values(transport):
+  taps = []
+  f = jax.jit(lambda x: (hcb.id_tap(lambda a, tr: taps.append(a), None),
+                         hcb.call(lambda a: np.zeros((0, 2), np.float32), x,
+                                  result_shape=jax.ShapeDtypeStruct(
+                                      (0, 2), jnp.float32))))
+  _, out = f(jnp.zeros((3, 0)))
+  hcb.barrier_wait()
+  assert taps == [None] and out.shape == (0, 2)
+
+
+def test_prng_keys_tapped_as_key_data(transport):
+  taps = []
+  key = jax.random.key(3)
+  jax.jit(lambda k: hcb.id_tap(lambda a, tr: taps.append(a), k))(key)
+  hcb.barrier_wait()
+  np.testing.assert_array_equal(taps[0], jax.random.key_data(key))
+
+
+@pytest.mark.parametrize("shardy", [True, False])
+def test_sharded_jit(transport, shardy):
+  previous = jax.config.jax_use_shardy_partitioner
+  jax.config.update("jax_use_shardy_partitioner", shardy)
+  try:
+    mesh = jax.make_mesh((2, 2), ("a", "b"),
+                         axis_types=(jax.sharding.AxisType.Auto,) * 2)
+    x = jax.device_put(jnp.arange(16.0).reshape(4, 4),
+                       NamedSharding(mesh, P("a", "b")))
+    taps = []
+
+    @jax.jit
+    def f(x):
+      y = hcb.id_tap(lambda v, tr, device: taps.append((v, device)), x * 2,
+                     tap_with_device=True, device_index=1)
+      z = hcb.call(lambda v, device: v + device.id, y, result_shape=y,
+                   call_with_device=True, device_index=2)
+      return jax.lax.with_sharding_constraint(z + 1, NamedSharding(mesh, P("a")))
+
+    out = f(x)
+    hcb.barrier_wait()
+  finally:
+    jax.config.update("jax_use_shardy_partitioner", previous)
+  devices = list(mesh.devices.flat)
+  np.testing.assert_array_equal(out, np.arange(16.0).reshape(4, 4) * 2 + 1 +
+                                devices[2].id)
+  assert len(taps) == 1
+  np.testing.assert_array_equal(taps[0][0], np.arange(16.0).reshape(4, 4) * 2)
+  assert taps[0][1] == devices[1]
+
+
+def test_sharded_jit_taps_in_scan_keep_order(transport):
+  mesh = jax.make_mesh((4,), ("x",))
+  x = jax.device_put(jnp.arange(8.0), NamedSharding(mesh, P("x")))
+  seen = []
+
+  @jax.jit
+  def f(x):
+    def body(c, i):
+      hcb.id_tap(lambda v, tr: seen.append(int(v)), i)
+      return c + i, None
+    return jax.lax.scan(body, x, jnp.arange(50))[0]
+
+  f(x)
+  hcb.barrier_wait()
+  assert seen == list(range(50))
