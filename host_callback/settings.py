@@ -7,7 +7,9 @@ environment variable (`JAX_HOST_CALLBACK_INLINE=1`), `jax.config.update(
 
 from __future__ import annotations
 
+import functools
 import os
+import warnings
 
 from . import _jax_adapter as adapter
 
@@ -65,11 +67,26 @@ def queue_bytes() -> int:
   return value
 
 
+@functools.lru_cache(maxsize=None)
+def _warn_native_missing() -> None:
+  warnings.warn(
+      "host_callback: the native transport was not built (no C++ compiler "
+      "when host-callback was installed?), so the slower Python transport is "
+      "used. Reinstall with a C++17 compiler to get it, or set "
+      "JAX_HOST_CALLBACK_TRANSPORT=python to silence this warning.",
+      RuntimeWarning, stacklevel=2)
+
+
 def transport_name(native_available: bool) -> str:
-  """The transport to use: 'native' or 'python'."""
+  """The transport to use on CPU: 'native' or 'python'."""
   chosen = transport.value
   if chosen == "auto":
-    return "native" if native_available and outfeed.value else "python"
+    if not outfeed.value:
+      return "python"
+    if not native_available:
+      _warn_native_missing()
+      return "python"
+    return "native"
   if chosen == "native" and not native_available:
     raise RuntimeError(
         "jax_host_callback_transport='native' was requested but the native "
