@@ -46,6 +46,13 @@ class Recorder:
   def devices(self) -> List[Any]:
     return [device for _, _, device in self.calls]
 
+  def by_device(self) -> Dict[int, List[Any]]:
+    """The args as Python values, in arrival order, by device id."""
+    result: Dict[int, List[Any]] = {}
+    for arg, _, device in self.calls:
+      result.setdefault(device.id, []).append(np.asarray(arg).tolist())
+    return result
+
 
 def batch(*dims: Optional[int]) -> Tuple[str, Dict[str, Any]]:
   """The `transforms` entry that one `vmap` adds."""

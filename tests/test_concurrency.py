@@ -1,6 +1,5 @@
 """Several Python threads dispatching to different devices at once."""
 
-import collections
 import threading
 
 import jax
@@ -9,17 +8,14 @@ import numpy as np
 
 import host_callback as hcb
 
+from helpers import Recorder
+
 CALLS_PER_THREAD = 20
 STEPS = 25
 
 
 def test_threads_on_different_devices_lose_nothing_and_keep_order():
-  received = collections.defaultdict(list)
-  lock = threading.Lock()
-
-  def tap(arg, transforms, device):
-    with lock:
-      received[device.id].append(arg.tolist())
+  tap = Recorder()
 
   @jax.jit
   def run(start):
@@ -42,7 +38,7 @@ def test_threads_on_different_devices_lose_nothing_and_keep_order():
   # A barrier from this (another) thread covers every thread's computations.
   hcb.barrier_wait()
   expected = list(range(CALLS_PER_THREAD * STEPS))
-  assert {d: received[d.id] for d in devices} == {d: expected for d in devices}
+  assert tap.by_device() == {d.id: expected for d in devices}
 
 
 def test_barrier_from_another_thread_while_dispatching():

@@ -15,6 +15,8 @@ import numpy as np
 
 import host_callback as hcb
 
+from helpers import Recorder
+
 
 def _scan_of_taps(tap, steps):
   def body(carry, _):
@@ -58,12 +60,8 @@ def test_ten_thousand_array_taps_with_checksum():
 
 
 def test_four_devices_four_threads_for_a_bounded_time():
-  received = collections.defaultdict(list)
+  tap = Recorder()
   lock = threading.Lock()
-
-  def tap(arg, transforms, device):
-    with lock:
-      received[device.id].append(arg.tolist())
 
   @jax.jit
   def run(start):
@@ -91,6 +89,7 @@ def test_four_devices_four_threads_for_a_bounded_time():
   for thread in threads:
     thread.join()
   hcb.barrier_wait()
+  received = tap.by_device()
   for device in jax.devices()[:4]:
     values = received[device.id]
     assert len(values) == sent[device.id]
@@ -120,6 +119,8 @@ def test_backpressure_bounds_queue_and_memory():
       import json, threading, time
       import jax, jax.numpy as jnp
       import host_callback as hcb
+
+from helpers import Recorder
 
       def rss():
         with open("/proc/self/status") as f:

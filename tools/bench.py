@@ -234,6 +234,13 @@ def machine() -> str:
           f"{jax.devices()[0].platform}")
 
 
+def _short_label(scenario: str) -> str:
+  """'tap f32 scalar, per step of ... (until ready)' -> two short lines."""
+  what = scenario.split(", per step")[0]
+  until = scenario.split("(")[-1].rstrip(")") if "(" in scenario else "round trip"
+  return f"{what}\n{until}"
+
+
 def plot(rows: List[Row], path: str) -> Optional[str]:
   """A bar chart of the per-step rows (log scale), if matplotlib is there."""
   try:
@@ -243,18 +250,20 @@ def plot(rows: List[Row], path: str) -> Optional[str]:
   except ImportError:
     return None
   selected = [r for r in rows if r[1] == "µs" and "per step" in r[0]]
-  names = list(selected[0][2])
+  names: List[str] = []
+  for _, _, values in selected:
+    names += [n for n in values if n not in names]
   fig, ax = plt.subplots(figsize=(10, 4.5))
   width = 0.8 / len(names)
   for i, name in enumerate(names):
     ax.bar([j + i * width for j in range(len(selected))],
            [r[2].get(name, 0) for r in selected], width, label=name)
   ax.set_xticks([j + 0.4 - width / 2 for j in range(len(selected))])
-  ax.set_xticklabels([r[0].split(",")[0] + "\n" + r[0].split("(")[-1].rstrip(")")
-                      for r in selected], fontsize=8)
+  ax.set_xticklabels([_short_label(r[0]) for r in selected], fontsize=8)
   ax.set_yscale("log")
   ax.set_ylabel("µs per scan step (log scale)")
-  ax.legend(fontsize=8)
+  ax.legend(fontsize=8, ncol=len(names), loc="upper center",
+            bbox_to_anchor=(0.5, -0.12))
   fig.tight_layout()
   fig.savefig(path)
   return path
