@@ -1,9 +1,6 @@
 """Faults: failing consumers, re-entrant consumers, interrupts, stop, exit, fork."""
 
 import os
-import subprocess
-import sys
-import textwrap
 import threading
 import time
 import _thread
@@ -15,11 +12,7 @@ import pytest
 
 import host_callback as hcb
 
-
-def _run_python(code: str, timeout: float = 120, **env: str):
-  return subprocess.run([sys.executable, "-c", textwrap.dedent(code)],
-                        capture_output=True, text=True, timeout=timeout,
-                        env={**os.environ, **env})
+from helpers import run_python
 
 
 def test_consumer_raising_every_nth_tap():
@@ -110,8 +103,8 @@ def test_call_error_in_the_middle_of_a_long_scan_fails_fast():
   assert int(jax.jit(lambda x: hcb.call(lambda a: a + 1, x, result_shape=x))(1)) == 2
 
 
-def test_stop_while_devices_wait_on_a_full_queue():
-  done = _run_python("""
+def test_stop_while_devices_wait_on_a_full_queue(transport):
+  done = run_python("""
       import threading, time
       import jax, jax.numpy as jnp
       import host_callback as hcb
@@ -130,12 +123,13 @@ def test_stop_while_devices_wait_on_a_full_queue():
       print("received", received == list(range(40)))
       print("after restart", int(jax.jit(lambda x: hcb.call(
           lambda a: a + 1, x, result_shape=x))(1)))
-      """, JAX_HOST_CALLBACK_MAX_QUEUE_BYTE_SIZE="16000000")
+      """, env={"JAX_HOST_CALLBACK_MAX_QUEUE_BYTE_SIZE": "16000000"},
+      transport=transport)
   assert done.stdout.split("\n")[:2] == ["received True", "after restart 2"], done.stderr
 
 
-def test_exit_with_many_taps_pending_delivers_all():
-  done = _run_python("""
+def test_exit_with_many_taps_pending_delivers_all(transport):
+  done = run_python("""
       import sys
       import jax
       import host_callback as hcb
@@ -148,15 +142,15 @@ def test_exit_with_many_taps_pending_delivers_all():
           lambda c, _: (hcb.id_tap(tap, c) + 1, None), x, None,
           length=10_000)[0])(0)
       print("exiting", flush=True)
-      """)
+      """, transport=transport)
   assert done.returncode == 0, done.stderr
   assert "exiting" in done.stdout, done.stdout
   assert "all 10000 delivered" in done.stdout, done.stdout
 
 
 @pytest.mark.skipif(not hasattr(os, "fork"), reason="needs os.fork")
-def test_fork_after_receiver_started_fails_clearly_in_child():
-  done = _run_python("""
+def test_fork_after_receiver_started_fails_clearly_in_child(transport):
+  done = run_python("""
       import os, sys
       import jax
       import host_callback as hcb
@@ -176,5 +170,5 @@ def test_fork_after_receiver_started_fails_clearly_in_child():
       jax.jit(lambda x: hcb.id_tap(lambda v, t: got.append(float(v)), x))(2.)
       hcb.barrier_wait()
       print("parent:", got)
-      """, timeout=60)
+      """, transport=transport, timeout=60)
   assert done.stdout.split("\n")[:2] == ["child: True", "parent: [2.0]"], done.stderr

@@ -2,9 +2,6 @@
 
 import collections
 import json
-import os
-import subprocess
-import sys
 import textwrap
 import threading
 import time
@@ -15,7 +12,7 @@ import numpy as np
 
 import host_callback as hcb
 
-from helpers import Recorder
+from helpers import Recorder, run_python
 
 
 def _scan_of_taps(tap, steps):
@@ -114,13 +111,11 @@ def test_256_mib_tap_and_call_round_trip():
   assert float(out.sum(dtype=jnp.float32)) == 2.0 * x.size
 
 
-def test_backpressure_bounds_queue_and_memory():
+def test_backpressure_bounds_queue_and_memory(transport):
   code = textwrap.dedent("""
       import json, threading, time
       import jax, jax.numpy as jnp
       import host_callback as hcb
-
-from helpers import Recorder
 
       def rss():
         with open("/proc/self/status") as f:
@@ -148,10 +143,9 @@ from helpers import Recorder
                         "rss_growth": peaks["rss"] - start_rss,
                         "high_water": peaks["bytes"]}))
       """)
-  done = subprocess.run(
-      [sys.executable, "-c", code], capture_output=True, text=True,
-      timeout=180, env={**os.environ,
-                        "JAX_HOST_CALLBACK_MAX_QUEUE_BYTE_SIZE": "16000000"})
+  done = run_python(
+      code, env={"JAX_HOST_CALLBACK_MAX_QUEUE_BYTE_SIZE": "16000000"},
+      transport=transport, timeout=180)
   assert done.returncode == 0, done.stderr[-3000:]
   result = json.loads(done.stdout.strip().splitlines()[-1])
   assert result["in_order"]

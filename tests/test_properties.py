@@ -1,8 +1,5 @@
 """Property-based tests: random pytrees round-trip; bad input gives clear errors."""
 
-import os
-import subprocess
-import sys
 
 import jax
 import jax.numpy as jnp
@@ -11,6 +8,8 @@ import pytest
 from hypothesis import HealthCheck, given, settings, strategies as st
 
 import host_callback as hcb
+
+from helpers import run_python
 
 DTYPES = ["bool", "int8", "int32", "uint8", "uint32", "float16", "bfloat16",
           "float32", "complex64"]
@@ -103,13 +102,12 @@ def test_wrong_result_is_a_clear_runtime_error(shape, dtype):
 
 
 @pytest.mark.parametrize("value", ["-5", "1000", "1e30", "lots"])
-def test_bad_queue_size_settings_give_clear_errors(value):
-  done = subprocess.run(
-      [sys.executable, "-c",
-       "import jax, host_callback as hcb\n"
-       "jax.jit(lambda x: hcb.id_tap(lambda *a: None, x))(1.)\n"
-       "hcb.barrier_wait()"],
-      capture_output=True, text=True, timeout=60,
-      env={**os.environ, "JAX_HOST_CALLBACK_MAX_QUEUE_BYTE_SIZE": value})
+def test_bad_queue_size_settings_give_clear_errors(value, transport):
+  done = run_python(
+      "import jax, host_callback as hcb\n"
+      "jax.jit(lambda x: hcb.id_tap(lambda *a: None, x))(1.)\n"
+      "hcb.barrier_wait()",
+      env={"JAX_HOST_CALLBACK_MAX_QUEUE_BYTE_SIZE": value},
+      transport=transport, timeout=60)
   assert done.returncode != 0
   assert "JAX_HOST_CALLBACK_MAX_QUEUE_BYTE_SIZE" in done.stderr, done.stderr[-2000:]
