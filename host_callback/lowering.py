@@ -18,7 +18,7 @@ from ._jax_adapter import hlo
 from .host_functions import HostFunction, Transforms
 
 
-def _device_key_source(ctx: Any, place: adapter.ExecutionPlace
+def _device_key_source(place: adapter.ExecutionPlace
                        ) -> tuple[list, list, Callable[[Sequence[Any]], tuple]]:
   """Extra operands that identify the executing device, and their decoder.
 
@@ -52,7 +52,7 @@ def lower_python(ctx: Any, *operands: Any, function: HostFunction,
   """Lowers to one of JAX's Python callbacks, which enqueues the packet."""
   place = adapter.execution_place(ctx, device_index)
   consumer_id = runtime.register(function, transforms)
-  extra, extra_avals, decode = _device_key_source(ctx, place)
+  extra, extra_avals, decode = _device_key_source(place)
   arg_avals = [adapter.physical_aval(a) for a in ctx.avals_in[:num_args]]
   result_avals = [adapter.physical_aval(a) for a in ctx.avals_out
                   ] if function.is_call else []

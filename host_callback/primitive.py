@@ -124,17 +124,15 @@ batching.primitive_batchers[host_callback_p] = _batch
 # --- partial eval for jax.checkpoint: re-tap the rematerialised primal ----
 
 def _partial_eval_custom(saveable, unknowns_in, instantiated_in, eqn):
+  """Staged when any input is unknown; otherwise run in the forward pass *and*
+  again where the primal is recomputed, as the original did."""
   del saveable
-  if any(unknowns_in):
-    # Staged only; the residual inputs must be available there.
-    residuals = [x for x, inst in zip(eqn.invars, instantiated_in)
-                 if not inst and not isinstance(x, jax.extend.core.Literal)]
-    return None, eqn, [True] * len(eqn.outvars), [True] * len(eqn.outvars), residuals
-  # Known: run it in the forward pass and again where the primal is
-  # recomputed, as the original did.
+  # Inputs the staged equation reads must be saved as residuals.
   residuals = [x for x, inst in zip(eqn.invars, instantiated_in)
                if not inst and not isinstance(x, jax.extend.core.Literal)]
-  return eqn, eqn, [False] * len(eqn.outvars), [True] * len(eqn.outvars), residuals
+  outs = len(eqn.outvars)
+  known_eqn = None if any(unknowns_in) else eqn
+  return known_eqn, eqn, [any(unknowns_in)] * outs, [True] * outs, residuals
 
 
 adapter.register_partial_eval_custom_rule(host_callback_p, _partial_eval_custom)
