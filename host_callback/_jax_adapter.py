@@ -172,8 +172,7 @@ def emit_python_callback(ctx: Any, callback: Callable, operands: Sequence[Any],
       op_ctx, callback, token, list(operands), list(operand_avals),
       list(result_avals), has_side_effect=True, returns_token=True,
       sharding=sharding)
-  ctx.set_tokens_out(
-      ctx.tokens_in.update_tokens(mlir.TokenSet({host_callback_effect: token})))
+  thread_token(ctx, token)
   return results
 
 

@@ -35,6 +35,16 @@ def _device_key_source(place: adapter.ExecutionPlace
           lambda arrays: (int(device_ids[int(arrays[0])]), arrays[1:]))
 
 
+def physical_avals(ctx: Any, num_args: int, function: HostFunction
+                   ) -> tuple[list, list]:
+  """The avals of the op's operands sent to the host and of its results,
+  as the device stores them (PRNG keys as uint32 data)."""
+  arg_avals = [adapter.physical_aval(a) for a in ctx.avals_in[:num_args]]
+  result_avals = ([adapter.physical_aval(a) for a in ctx.avals_out]
+                  if function.is_call else [])
+  return arg_avals, result_avals
+
+
 def lower(ctx: Any, *operands: Any, **params: Any) -> List[Any]:
   """Lowers with the transport chosen by `jax_host_callback_transport`."""
   settings.queue_bytes()  # a bad setting fails here, at compile time
@@ -53,9 +63,7 @@ def lower_python(ctx: Any, *operands: Any, function: HostFunction,
   place = adapter.execution_place(ctx, device_index)
   consumer_id = runtime.register(function, transforms)
   extra, extra_avals, decode = _device_key_source(place)
-  arg_avals = [adapter.physical_aval(a) for a in ctx.avals_in[:num_args]]
-  result_avals = [adapter.physical_aval(a) for a in ctx.avals_out
-                  ] if function.is_call else []
+  arg_avals, result_avals = physical_avals(ctx, num_args, function)
 
   if function.is_call:
     def host_side(*arrays):

@@ -16,7 +16,7 @@ import jax
 import numpy as np
 
 from . import _jax_adapter as adapter
-from . import primitive, runtime
+from . import lowering, primitive, runtime
 from ._jax_adapter import mlir
 from .host_functions import HostFunction, Transforms
 from .receiver import transport_native
@@ -68,9 +68,7 @@ def _lower_op(ctx: Any, *args: Any, function: HostFunction, device_index: int,
   place = adapter.execution_place(ctx, device_index)
   _open_devices(place.mesh_devices if place.fixed_device is None
                 else [place.fixed_device])
-  arg_avals = [adapter.physical_aval(a) for a in ctx.avals_in[:len(args)]]
-  result_avals = [adapter.physical_aval(a) for a in ctx.avals_out
-                  ] if function.is_call else []
+  arg_avals, result_avals = lowering.physical_avals(ctx, len(args), function)
   site = transport_native.register_site(
       runtime.register(function, transforms),
       [_wire_dtype(a.dtype) for a in arg_avals], [a.shape for a in arg_avals])
