@@ -132,7 +132,8 @@ def _result_avals(result_shape: Any) -> tuple[Any, tuple]:
   for leaf in leaves:
     if hasattr(leaf, "shape") and hasattr(leaf, "dtype"):
       shape, dtype = tuple(leaf.shape), leaf.dtype
-    elif isinstance(leaf, (bool, int, float, complex, np.generic)):
+    elif isinstance(leaf, (bool, int, float, complex, np.generic)) and not (
+        isinstance(leaf, (str, bytes))):
       array = np.asarray(leaf)
       shape, dtype = array.shape, array.dtype
     else:
