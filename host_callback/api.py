@@ -21,13 +21,19 @@ def _check_callable(value: Any, name: str, api: str) -> None:
         f"{type(value).__name__}: {value!r}")
 
 
+def _is_numeric(dtype: Any) -> bool:
+  """Numbers and bools (bfloat16 included); PRNG keys pass through too."""
+  return any(jax.dtypes.issubdtype(dtype, kind) for kind in
+             (np.number, np.bool_, jax.dtypes.prng_key))
+
+
 def _flatten_arg(arg: Any, api: str) -> tuple[list, Any]:
   """The leaves of `arg` as JAX values; rejects non-numeric leaves."""
   leaves, treedef = jax.tree_util.tree_flatten(arg)
   for i, leaf in enumerate(leaves):
     if isinstance(leaf, (str, bytes)) or not (
-        hasattr(leaf, "dtype") or isinstance(leaf, (bool, int, float, complex,
-                                                   np.generic))):
+        _is_numeric(leaf.dtype) if hasattr(leaf, "dtype") else
+        isinstance(leaf, (bool, int, float, complex, np.generic))):
       raise TypeError(
           f"host_callback.{api}: every leaf of arg must be an array or a "
           f"numeric scalar; leaf {i} of arg is {type(leaf).__name__}: "
@@ -132,11 +138,12 @@ def _result_avals(result_shape: Any) -> tuple[Any, tuple]:
   for leaf in leaves:
     if hasattr(leaf, "shape") and hasattr(leaf, "dtype"):
       shape, dtype = tuple(leaf.shape), leaf.dtype
-    elif isinstance(leaf, (bool, int, float, complex, np.generic)) and not (
-        isinstance(leaf, (str, bytes))):
+    elif isinstance(leaf, (bool, int, float, complex, np.generic)):
       array = np.asarray(leaf)
       shape, dtype = array.shape, array.dtype
     else:
+      shape, dtype = None, None
+    if dtype is None or not _is_numeric(dtype):
       raise ValueError(
           "host_callback.call: result_shape has a leaf of type "
           f"{type(leaf).__name__} ({leaf!r}). The values must be either "

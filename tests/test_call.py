@@ -164,7 +164,8 @@ def test_wrong_structure():
       jnp.arange(3.), "returned a value with structure")
 
 
-@pytest.mark.parametrize("bad", ["foo", object(), [None, "x"]])
+@pytest.mark.parametrize("bad", ["foo", object(), [None, "x"], np.str_("a"),
+                                 np.array(["a", "b"])])
 def test_bad_result_shape_at_trace_time(bad):
   with pytest.raises(ValueError, match="The values must be either numeric "
                      "scalars, or must have 'shape' and 'dtype' attributes"):
@@ -176,6 +177,8 @@ def test_bad_inputs_name_the_argument():
     hcb.call(42, 1.)
   with pytest.raises(TypeError, match="leaf 1 of arg is str"):
     hcb.call(lambda a: a, (1., "text"))
+  with pytest.raises(TypeError, match="leaf 0 of arg is ndarray"):
+    hcb.call(lambda a: a, (np.array(["text"]),))
   with pytest.raises(ValueError, match="device_index=99 is out of range"):
     jax.jit(lambda x: hcb.call(lambda a: a, x, result_shape=x,
                                device_index=99))(1.)
