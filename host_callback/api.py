@@ -22,9 +22,11 @@ def _check_callable(value: Any, name: str, api: str) -> None:
 
 
 def _is_numeric(dtype: Any) -> bool:
-  """Numbers and bools (bfloat16 included); PRNG keys pass through too."""
-  return any(jax.dtypes.issubdtype(dtype, kind) for kind in
-             (np.number, np.bool_, jax.dtypes.prng_key))
+  """Numbers and bools (bfloat16 included); PRNG keys and float0 tangents
+  pass through too."""
+  return dtype == jax.dtypes.float0 or any(
+      jax.dtypes.issubdtype(dtype, kind)
+      for kind in (np.number, np.bool_, jax.dtypes.prng_key))
 
 
 def _flatten_arg(arg: Any, api: str) -> tuple[list, Any]:
