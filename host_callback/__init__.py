@@ -3,17 +3,59 @@
     import host_callback as hcb
     hcb.id_print(x, what="x")        # inside jit, grad, vmap, scan, ...
     hcb.barrier_wait()
+
+The public names load lazily (PEP 562): the runtime and the receiver are
+imported on first use of a name, so that `python -m host_callback.migrate`,
+which needs neither, does not start them. `import host_callback` registers
+the `jax_host_callback_*` settings, so `jax.config.update` and absl flags can
+set them right after it.
 """
 
-from .api import (barrier_wait, call, id_print, id_tap, queue_statistics,
-                  stop_outfeed_receiver)
-from .compat import install
-from .receiver import CallbackException
+from __future__ import annotations
 
-TapFunctionException = CallbackException
+import importlib
+from typing import TYPE_CHECKING, Any
 
 __all__ = [
     "CallbackException", "TapFunctionException", "barrier_wait", "call",
     "id_print", "id_tap", "install", "queue_statistics",
     "stop_outfeed_receiver",
 ]
+
+# Public name -> (submodule, attribute) that provides it.
+_LAZY = {
+    "CallbackException": ("receiver", "CallbackException"),
+    "TapFunctionException": ("receiver", "CallbackException"),
+    "barrier_wait": ("api", "barrier_wait"),
+    "call": ("api", "call"),
+    "id_print": ("api", "id_print"),
+    "id_tap": ("api", "id_tap"),
+    "install": ("compat", "install"),
+    "queue_statistics": ("api", "queue_statistics"),
+    "stop_outfeed_receiver": ("api", "stop_outfeed_receiver"),
+}
+
+if TYPE_CHECKING:  # what static tools see; at run time __getattr__ loads them
+  from .api import (barrier_wait, call, id_print, id_tap, queue_statistics,
+                    stop_outfeed_receiver)
+  from .compat import install
+  from .receiver import CallbackException
+  TapFunctionException = CallbackException
+
+
+def __getattr__(name: str) -> Any:
+  try:
+    module, attribute = _LAZY[name]
+  except KeyError:
+    raise AttributeError(
+        f"module {__name__!r} has no attribute {name!r}") from None
+  value = getattr(importlib.import_module(f".{module}", __name__), attribute)
+  globals()[name] = value  # later lookups skip __getattr__
+  return value
+
+
+def __dir__() -> list[str]:
+  return sorted(set(globals()) | set(__all__))
+
+
+from . import settings  # noqa: E402,F401 (registers the jax_host_callback_* options)

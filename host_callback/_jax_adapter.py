@@ -8,9 +8,7 @@ with a clear message when the installed JAX lacks something we need.
 from __future__ import annotations
 
 import dataclasses
-import os
-import threading
-from typing import Any, Callable, Dict, List, Optional, Sequence, Tuple
+from typing import Any, Callable, List, Optional, Sequence, Tuple
 
 import jax
 from jax.interpreters import ad, batching, mlir
@@ -22,10 +20,13 @@ from jax._src import config as _config
 from jax._src import core as _core
 from jax._src import dispatch as _dispatch
 from jax._src import effects as _effects
+from jax._src import util as _util
 from jax._src import named_sharding as _named_sharding
 from jax._src import sharding_impls as _sharding_impls
 from jax._src.interpreters import mlir as _mlir
+from jax._src.interpreters import pxla as _pxla
 from jax._src.lax.control_flow import loops as _loops
+from jax._src.lib import xla_client as _xla_client
 from jax._src.lib.mlir.dialects import hlo  # StableHLO op builders
 
 SUPPORTED = ">=0.10,<0.13"
@@ -34,15 +35,18 @@ _REQUIRED = {
     _callback: ("emit_python_callback", "_callback_op_sharding"),
     _config: ("bool_state", "int_state", "enum_state",
               "use_shardy_partitioner"),
-    _core: ("physical_aval", "Token", "abstract_token"),
-    _dispatch: ("apply_primitive", "prim_requires_devices_during_lowering",
-                "runtime_tokens", "RuntimeTokenSet"),
+    _core: ("physical_aval", "Token", "abstract_token", "ClosedJaxpr", "Var",
+            "new_jaxpr_eqn"),
+    _dispatch: ("apply_primitive", "prim_requires_devices_during_lowering"),
     _effects: ("Effect", "lowerable_effects", "control_flow_allowed_effects",
                "custom_derivatives_allowed_effects", "remat_allowed_effects",
                "ordered_effects", "shardable_ordered_effects"),
     _sharding_impls: ("ShardingContext", "SPMDAxisContext", "SdyArrayList"),
     _named_sharding: ("SdyArray", "SdyDim"),
-    _mlir: ("set_sharding", "wrap_with_sharding_op"),
+    _mlir: ("set_sharding", "wrap_with_sharding_op", "jaxpr_subcomp",
+            "TokenSet"),
+    _pxla: ("_cached_lowering_to_hlo",),
+    _util: ("weakref_lru_cache",),
     pe: ("partial_eval_jaxpr_custom_rules",),
     _loops: ("while_p", "_while_lowering"),
 }
@@ -180,22 +184,24 @@ def replicate_results(ctx: Any, results: Sequence[Any],
                       avals: Sequence[Any]) -> List[Any]:
   """Marks results of a single-device op in a sharded jit as replicated.
 
-  Under Shardy, the op's maximal sharding otherwise propagates to the jit's
-  outputs, and JAX then reads them from the wrong device (jax 0.10-0.12).
-  Wraps jax._src.interpreters.mlir.wrap_with_sharding_op and
-  jax._src.named_sharding.SdyArray.
+  Otherwise the op's maximal sharding propagates to the jit's outputs, and
+  JAX then reads them from the wrong device (jax 0.10-0.12, with Shardy and
+  with GSPMD). Wraps jax._src.interpreters.mlir.wrap_with_sharding_op,
+  jax._src.named_sharding.SdyArray and xla_client.HloSharding.
   """
   axis_context = ctx.module_context.axis_context
-  if not (_config.use_shardy_partitioner.value
-          and isinstance(axis_context, _sharding_impls.ShardingContext)
+  if not (isinstance(axis_context, _sharding_impls.ShardingContext)
           and axis_context.num_devices > 1):
     return list(results)
   replicated = []
   for result, aval in zip(results, avals):
-    sharding = _named_sharding.SdyArray(
-        mesh_shape=None,
-        dim_shardings=(_named_sharding.SdyDim(axes=(), is_open=False),) *
-        len(aval.shape))
+    if _config.use_shardy_partitioner.value:
+      sharding = _named_sharding.SdyArray(
+          mesh_shape=None,
+          dim_shardings=(_named_sharding.SdyDim(axes=(), is_open=False),) *
+          len(aval.shape))
+    else:
+      sharding = _xla_client.HloSharding.replicate().to_proto()
     replicated.append(_mlir.wrap_with_sharding_op(ctx, result, aval, sharding))
   return replicated
 
@@ -241,85 +247,84 @@ def set_token_op_sharding(ctx: Any, op: Any, place: ExecutionPlace,
   _mlir.set_sharding(ctx.module_context, op, sharding)
 
 
+def _no_host_callback(*args: Any) -> None:
+  del args  # never called: its presence is what matters
+
+
+def run_to_completion_at_dispatch(ctx: Any) -> None:
+  """Makes the module's executable one that JAX's CPU client runs to
+  completion before the dispatch returns, when its inputs are ready.
+
+  The client does so for executables with host callbacks (JAX's own
+  callbacks get it this way), so this adds one that is never called to
+  jax._src.interpreters.mlir.ModuleContext.host_callbacks.
+  """
+  callbacks = ctx.module_context.host_callbacks
+  if _no_host_callback not in callbacks:
+    ctx.module_context.add_host_callback(_no_host_callback)
+
+
 def thread_token(ctx: Any, token: Any) -> None:
   """Makes `token` the output token of our effect for this equation."""
   ctx.set_tokens_out(
       ctx.tokens_in.update_tokens(mlir.TokenSet({host_callback_effect: token})))
 
 
-# --- Dispatched-computation tracking for barrier_wait ---------------------
-# JAX keeps the runtime token of each dispatched computation with effects in a
-# thread-local jax._src.dispatch.runtime_tokens, so `jax.effects_barrier()`
-# sees only the calling thread's. We replace that object by one that also
-# records each token where any thread can wait for it.
+# --- Our ordering token: one effect-free scope at the top of each computation
+# (wraps jax._src.interpreters.pxla._cached_lowering_to_hlo, the function that
+# turns a jit's top-level jaxpr into an MLIR module, and reads its ordered
+# effects from `jaxpr.effects`; checked against jax 0.10.2, where it takes a
+# ClosedJaxpr, and 0.12.0.1, where it takes an open Jaxpr).
 
-class _DispatchTracker:
-  """The latest runtime token per (dispatching thread, device).
+def install_top_level_rewrite(rewrite: Callable[[Any], Any],
+                              applies: Callable[[Any], bool]) -> None:
+  """Lowers every jit's top-level jaxpr `j` for which `applies(j)` holds as
+  `rewrite(j)` instead; `rewrite` is cached per jaxpr, so JAX's own lowering
+  cache keeps working."""
+  lower = _pxla._cached_lowering_to_hlo
+  if getattr(lower, "_host_callback_rewrite", False):
+    return
+  cached_rewrite = _util.weakref_lru_cache(rewrite)
 
-  `_lock` guards `_pending`. `before_dispatch` is set by runtime.py: it runs
-  before each dispatch of a computation with our effect.
+  def lower_rewritten(top_jaxpr: Any, *args: Any, **kwargs: Any) -> Any:
+    if applies(top_jaxpr):
+      top_jaxpr = cached_rewrite(top_jaxpr)
+    return lower(top_jaxpr, *args, **kwargs)
+
+  lower_rewritten._host_callback_rewrite = True  # type: ignore[attr-defined]
+  _pxla._cached_lowering_to_hlo = lower_rewritten
+
+
+def scope_eqn(top_jaxpr: Any, primitive: Any, effects: Any) -> Any:
+  """`top_jaxpr` (a ClosedJaxpr or a Jaxpr) as one equation of `primitive`,
+  whose param `jaxpr` is the original open jaxpr and whose effects are
+  `effects`. The equation's inputs are the constvars then the invars."""
+  closed = isinstance(top_jaxpr, _core.ClosedJaxpr)
+  jaxpr = top_jaxpr.jaxpr if closed else top_jaxpr
+  outvars = [_core.Var(v.aval) for v in jaxpr.outvars]
+  eqn = _core.new_jaxpr_eqn([*jaxpr.constvars, *jaxpr.invars], outvars,
+                            primitive, {"jaxpr": jaxpr}, set(effects))
+  outer = jaxpr.replace(eqns=[eqn], outvars=outvars, effects=set(effects))
+  return _core.ClosedJaxpr(outer, top_jaxpr.consts) if closed else outer
+
+
+def lower_scope_body(ctx: Any, jaxpr: Any, args: Sequence[Any],
+                     effect: Any) -> List[Any]:
+  """Lowers `jaxpr` inline with a new token for `effect`, which JAX threads
+  through the body's control flow; the other effects' tokens pass through.
+
+  Wraps jax._src.interpreters.mlir.jaxpr_subcomp and hlo.create_token.
   """
-
-  def __init__(self) -> None:
-    self._lock = threading.Lock()
-    self._pending: Dict[Tuple[int, Any], Any] = {}
-    self.before_dispatch: Callable[[], Any] = lambda: None
-
-  def forget_after_fork(self) -> None:
-    """A forked child cannot wait for its parent's computations."""
-    self._lock = threading.Lock()
-    self._pending = {}
-
-  def record(self, device: Any, token: Any) -> None:
-    with self._lock:
-      self._pending[(threading.get_ident(), device)] = token
-
-  def wait_all(self) -> None:
-    """Waits for every computation dispatched so far, from any thread."""
-    with self._lock:
-      snapshot = list(self._pending.items())
-    for key, token in snapshot:
-      try:
-        token.block_until_ready()
-      except Exception:  # pylint: disable=broad-except
-        pass  # the computation's failure is reported through its own outputs
-      with self._lock:
-        if self._pending.get(key) is token:
-          del self._pending[key]
-
-
-dispatch_tracker = _DispatchTracker()
-os.register_at_fork(after_in_child=dispatch_tracker.forget_after_fork)
-
-
-class _TrackingRuntimeTokenSet(_dispatch.RuntimeTokenSet):
-
-  def get_token_input(self, eff: Any, devices: Any) -> Any:
-    """Our effect's input token, never one of a computation that failed.
-
-    JAX would pass a failed computation's token to the next computation,
-    which then fails with the old error; JAX blocks on that token at dispatch
-    anyway (jax._src.array._token_shard_arg), so waiting here costs nothing.
-    """
-    if eff is host_callback_effect:
-      dispatch_tracker.before_dispatch()
-      token = self.current_tokens.get(eff)
-      if token is not None:
-        try:
-          token.block_until_ready()
-        except Exception:  # pylint: disable=broad-except
-          del self.current_tokens[eff]  # its own outputs reported the error
-    return super().get_token_input(eff, devices)
-
-  def set_output_runtime_token(self, device: Any, token: Any) -> None:
-    super().set_output_runtime_token(device, token)
-    dispatch_tracker.record(device, token)
-
-
-def install_dispatch_tracker() -> None:
-  """Swaps jax._src.dispatch.runtime_tokens for our tracking subclass."""
-  if not isinstance(_dispatch.runtime_tokens, _TrackingRuntimeTokenSet):
-    _dispatch.runtime_tokens = _TrackingRuntimeTokenSet()
+  tokens = mlir.TokenSet({**dict(ctx.tokens_in.items()),
+                          effect: hlo.create_token()})
+  num_consts = len(jaxpr.constvars)
+  outs, tokens_out = _mlir.jaxpr_subcomp(
+      ctx.module_context, jaxpr, ctx.name_stack, tokens, args[:num_consts],
+      *args[num_consts:], dim_var_values=ctx.dim_var_values,
+      const_lowering=ctx.const_lowering, outer_traceback=ctx.traceback)
+  ctx.set_tokens_out(mlir.TokenSet(
+      {e: t for e, t in tokens_out.items() if e is not effect}))
+  return list(outs)
 
 
 # --- vmap of a while loop whose predicate taps (wraps
@@ -378,5 +383,7 @@ __all__ = [
     "physical_aval", "ExecutionPlace", "execution_place", "op_sharding",
     "emit_python_callback", "replicate_results", "abstract_token",
     "sharded_devices", "set_token_op_sharding", "thread_token",
-    "dispatch_tracker", "install_dispatch_tracker", "install_while_lowering",
+    "install_while_lowering", "install_top_level_rewrite", "scope_eqn",
+    "run_to_completion_at_dispatch",
+    "lower_scope_body",
 ]

@@ -8,7 +8,7 @@ from typing import Any, Callable, Dict, Optional, TextIO, Tuple
 import jax
 import numpy as np
 
-from . import primitive, runtime
+from . import barrier, lowering, primitive, runtime  # noqa: F401 (lowering: registers)
 from .host_functions import HostFunction
 from .printing import Printer
 from .receiver import QueueStats
@@ -206,7 +206,7 @@ def barrier_wait(logging_name: Optional[str] = None) -> None:
   thread. Then raises `CallbackException` if a callback raised since the last
   barrier.
   """
-  runtime.barrier_wait(logging_name)
+  barrier.barrier_wait(logging_name)
 
 
 def stop_outfeed_receiver() -> None:
@@ -214,7 +214,7 @@ def stop_outfeed_receiver() -> None:
 
   The next use of the API starts them again.
   """
-  runtime.stop_outfeed_receiver()
+  barrier.stop_outfeed_receiver()
 
 
 def queue_statistics() -> Dict[Tuple[str, jax.Device], QueueStats]:

@@ -1,38 +1,37 @@
-"""Lowering of the `host_callback` primitive to an outfeed (and infeed) op.
+"""Lowering of the `host_callback` primitive: where it runs, then how.
 
-The op takes the ordering token of our ordered effect, so JAX threads it
-through control flow and successive executions; it identifies the device that
-executes it, and hands the packet to that device's receiver queue.
+The lowering owns placement: on one fixed device, on each device of a
+shard_map or pmap (the device found at run time), or, for automatically
+sharded code on the native transport, inside a shard_map where only the
+`device_index` device sends the gathered value. It then opens the queues of
+the local devices that may send, registers the callback site, and calls the
+chosen transport's `emit` (`lowering_native.emit` or `lowering_python.emit`).
+Both thread our ordering token (see `ordering`).
 """
 
 from __future__ import annotations
 
-from typing import Any, Callable, List, Sequence
+from typing import Any, List, Sequence
 
 import jax
 import numpy as np
 
 from . import _jax_adapter as adapter
-from . import runtime, settings
-from ._jax_adapter import hlo
+from . import lowering_native, lowering_python, primitive, runtime, settings
+from ._jax_adapter import mlir
 from .host_functions import HostFunction, Transforms
 
+# The mesh axis of the shard_map that runs the op in sharded jit.
+_AXIS = "host_callback_devices"
+_EMITTERS = {"native": lowering_native.emit, "python": lowering_python.emit}
 
-def _device_key_source(place: adapter.ExecutionPlace
-                       ) -> tuple[list, list, Callable[[Sequence[Any]], tuple]]:
-  """Extra operands that identify the executing device, and their decoder.
 
-  A fixed device needs none. Per-device code (shard_map, pmap) passes the
-  partition id, which indexes the mesh's devices.
-  """
-  if place.fixed_device is not None:
-    device_id = place.fixed_device.id
-    return [], [], lambda arrays: (device_id, arrays)
-  aval = jax.core.ShapedArray((), np.uint32)
-  partition_id = hlo.partition_id()
-  device_ids = np.array([d.id for d in place.mesh_devices])
-  return ([partition_id], [aval],
-          lambda arrays: (int(device_ids[int(arrays[0])]), arrays[1:]))
+def transport_for(ctx: Any) -> str:
+  """The transport of this lowering: native only on CPU, when chosen."""
+  if (tuple(ctx.module_context.platforms) == ("cpu",) and
+      settings.transport_name(runtime.native_available()) == "native"):
+    return "native"
+  return "python"
 
 
 def physical_avals(ctx: Any, num_args: int, function: HostFunction
@@ -45,40 +44,84 @@ def physical_avals(ctx: Any, num_args: int, function: HostFunction
   return arg_avals, result_avals
 
 
-def lower(ctx: Any, *operands: Any, **params: Any) -> List[Any]:
-  """Lowers with the transport chosen by `jax_host_callback_transport`."""
+def _wire_dtype(dtype: Any) -> np.dtype:
+  """How XLA stores the dtype: float0 as bool (one byte each)."""
+  return np.dtype(np.bool_) if dtype == jax.dtypes.float0 else np.dtype(dtype)
+
+
+def lower(ctx: Any, *operands: Any, function: HostFunction, num_args: int,
+          device_index: int, transforms: Transforms) -> List[Any]:
+  """Lowers a tap or a call with the transport chosen for this lowering."""
   settings.queue_bytes()  # a bad setting fails here, at compile time
-  platforms = ctx.module_context.platforms
-  if (tuple(platforms) == ("cpu",) and
-      settings.transport_name(runtime.native_available()) == "native"):
-    from . import lowering_native
-    return lowering_native.lower(ctx, *operands, **params)
-  return lower_python(ctx, *operands, **params)
-
-
-def lower_python(ctx: Any, *operands: Any, function: HostFunction,
-                 num_args: int, device_index: int, transforms: Transforms
-                 ) -> List[Any]:
-  """Lowers to one of JAX's Python callbacks, which enqueues the packet."""
-  place = adapter.execution_place(ctx, device_index)
-  consumer_id = runtime.register(function, transforms)
-  extra, extra_avals, decode = _device_key_source(place)
-  arg_avals, result_avals = physical_avals(ctx, num_args, function)
-
-  if function.is_call:
-    def host_side(*arrays):
-      device_key, args = decode(arrays)
-      return tuple(runtime.python_request(device_key, consumer_id, args))
+  name = transport_for(ctx)
+  args = operands[:num_args]
+  devices = adapter.sharded_devices(ctx)
+  if devices is not None and name == "native":
+    # A side-effecting custom call that is not one of JAX's own callbacks
+    # loses its single-device sharding under Shardy: gather instead.
+    results = _lower_gathered(ctx, *args, devices=devices, function=function,
+                              device_index=device_index, transforms=transforms)
   else:
-    def host_side(*arrays):
-      device_key, args = decode(arrays)
-      runtime.python_send(device_key, consumer_id, args)
-      return ()
+    place = adapter.execution_place(ctx, device_index)
+    producer = runtime.transport(name)
+    _open_devices(producer, place.mesh_devices if place.fixed_device is None
+                  else [place.fixed_device])
+    arg_avals, result_avals = physical_avals(ctx, num_args, function)
+    site = producer.register_site(
+        runtime.register(function, transforms),
+        [_wire_dtype(a.dtype) for a in arg_avals], [a.shape for a in arg_avals])
+    results = _EMITTERS[name](ctx, place, args, arg_avals, result_avals, site,
+                              function.is_call)
+  return list(results) if function.is_call else list(operands)
 
-  results = adapter.emit_python_callback(
-      ctx, host_side, [*extra, *operands[:num_args]], [*extra_avals, *arg_avals],
-      result_avals, adapter.op_sharding(ctx, place, result_avals))
-  if not function.is_call:
-    return list(operands)
-  return adapter.replicate_results(ctx, results, result_avals)
 
+def _open_devices(producer: Any, devices: Sequence[Any]) -> None:
+  """Opens the queues of the local devices that may send."""
+  process = jax.process_index()
+  for device in devices:
+    if device.process_index == process:
+      producer.open_device(device.id)
+
+
+def _lower_gathered(ctx: Any, *args: Any, devices: Sequence[Any],
+                    function: HostFunction, device_index: int,
+                    transforms: Transforms) -> List[Any]:
+  """Sharded jit: the op inside a shard_map, sending from one device only.
+
+  Every device gets the whole value, only the device at `device_index`
+  sends it (and, for a call, gets the result, which it then shares with the
+  others).
+  """
+  mesh = jax.sharding.Mesh(np.array(devices), (_AXIS,))
+  result_avals = function.result_avals if function.is_call else ()
+
+  def send(values):
+    return primitive.bind(values, function=function, num_args=len(values),
+                          device_index=0, transforms=transforms)
+
+  def skip(values):
+    if not function.is_call:
+      return list(values)
+    return [jax.numpy.zeros(a.shape, a.dtype) for a in result_avals]
+
+  def per_device(*values):
+    chosen = jax.lax.axis_index(_AXIS) == device_index
+    results = jax.lax.cond(chosen, send, skip, list(values))
+    if not function.is_call:
+      return []
+    return [jax.lax.all_gather(r, _AXIS)[device_index] for r in results]
+
+  gathered = jax.shard_map(per_device, mesh=mesh,
+                           in_specs=(jax.sharding.PartitionSpec(),) * len(args),
+                           out_specs=jax.sharding.PartitionSpec(),
+                           check_vma=False)
+  # Our mesh replaces the user's: drop the avals' shardings.
+  unsharded = [jax.core.ShapedArray(a.shape, a.dtype, weak_type=a.weak_type)
+               for a in ctx.avals_in[:len(args)]]
+  arg_ctx = ctx.replace(avals_in=unsharded, avals_out=list(result_avals))
+  results = mlir.lower_fun(gathered, multiple_results=True)(arg_ctx, *args)
+  ctx.set_tokens_out(arg_ctx.tokens_out)
+  return list(results)
+
+
+mlir.register_lowering(primitive.host_callback_p, lower, cacheable=False)

@@ -29,8 +29,9 @@ message starts with the cell's number and the line within the cell.
 With `--check` nothing is written: a unified diff goes to stdout and the exit
 status is 1 if anything would change, 0 otherwise. Without it files are
 rewritten in place (exit status 0). Exit status 2 means some file could not
-be read or parsed (the others are still done). Needs libcst:
-`pip install "host-callback[migrate]"`.
+be read or parsed (the others are still done). Needs libcst, the package's
+`migrate` extra: `pip install ".[migrate]"` in a checkout, or
+`pip install libcst`. It imports neither JAX nor the host_callback runtime.
 """
 
 from __future__ import annotations
@@ -45,12 +46,9 @@ import sys
 from pathlib import Path
 from typing import Iterable, Iterator, Optional, Sequence, Union
 
-import jax
-
-import host_callback  # its settings register the jax_host_callback_* options
-
-MISSING_LIBCST = ('host_callback.migrate needs libcst; install it with: '
-                  'pip install "host-callback[migrate]"')
+MISSING_LIBCST = ('host_callback.migrate needs libcst, the migrate extra; '
+                  'install it with: pip install libcst (or, in a '
+                  'host-callback checkout: pip install ".[migrate]")')
 
 try:
   import libcst as cst
@@ -65,12 +63,21 @@ except ModuleNotFoundError as import_error:  # the optional `migrate` extra
 
 LEGACY_MODULE = "jax.experimental.host_callback"
 NEW_MODULE = "host_callback"
-# What the package provides; other names used from the module are reported.
-PUBLIC_NAMES = frozenset(host_callback.__all__)
+# What the package provides (`host_callback.__all__`, listed here so that the
+# codemod does not import the package's runtime; a test keeps them equal);
+# other names used from the module are reported.
+PUBLIC_NAMES = frozenset({
+    "CallbackException", "TapFunctionException", "barrier_wait", "call",
+    "id_print", "id_tap", "install", "queue_statistics",
+    "stop_outfeed_receiver",
+})
 ID_TAP_KEYWORDS = frozenset({"result", "tap_with_device", "device_index"})
-# The options host_callback's settings module registers.
-SUPPORTED_SETTINGS = frozenset(
-    name for name in jax.config.values if name.startswith("jax_host_callback_"))
+# The options host_callback's settings module registers (listed here so that
+# the codemod does not import JAX; a test keeps them equal).
+SUPPORTED_SETTINGS = frozenset({
+    "jax_host_callback_inline", "jax_host_callback_max_queue_byte_size",
+    "jax_host_callback_outfeed", "jax_host_callback_transport",
+})
 SETTING_HINTS = {
     "jax_host_callback_legacy":
         "host_callback always behaves as the legacy implementation; remove it",

@@ -1,6 +1,7 @@
 """The `host_callback` primitive and its rules, in the order JAX applies them.
 
-One primitive serves taps and calls. Its operands are the leaves sent to the
+One primitive serves taps and calls; `lowering` registers its lowering, and
+`ordering` owns the token that keeps it in order. Its operands are the leaves sent to the
 host (`num_args` of them) followed, for taps, by the leaves of `result=`;
 a tap returns all its operands unchanged (identity), a call returns
 `function.result_avals`.
@@ -14,8 +15,8 @@ import jax
 from jax.extend.core import Primitive
 
 from . import _jax_adapter as adapter
-from . import runtime, settings
-from ._jax_adapter import ad, batching, mlir
+from . import ordering, runtime, settings  # noqa: F401 (ordering: the token)
+from ._jax_adapter import ad, batching
 from .host_functions import HostFunction, Transforms
 
 host_callback_p = Primitive("host_callback")
@@ -138,12 +139,4 @@ def _partial_eval_custom(saveable, unknowns_in, instantiated_in, eqn):
 adapter.register_partial_eval_custom_rule(host_callback_p, _partial_eval_custom)
 
 
-# --- lowering ----------------------------------------------------------------
-
-def _lower(ctx, *operands, **params):
-  from . import lowering  # lowering imports this module's primitive
-  return lowering.lower(ctx, *operands, **params)
-
-
-mlir.register_lowering(host_callback_p, _lower, cacheable=False)
 adapter.install_while_lowering()  # taps in a batched while predicate

@@ -9,12 +9,11 @@ from .queues import PacketQueue
 from .receiver import Receiver, in_consumer_thread
 from .registry import Consumer, ConsumerRegistry
 from .runtime import Runtime
-from .transport import QueueStats, Transport, TransportFactory
+from .transport import Producer, QueueStats, Transport
 from .transport_python import PythonTransport
 
 __all__ = [
     "CallbackException", "Consumer", "ConsumerRegistry", "ErrorLog", "Packet",
-    "PacketQueue", "PythonTransport", "QueueStats", "Receiver",
-    "ReceiverStopped", "Reply", "Runtime", "Transport", "TransportFactory",
-    "in_consumer_thread",
+    "PacketQueue", "Producer", "PythonTransport", "QueueStats", "Receiver",
+    "ReceiverStopped", "Reply", "Runtime", "Transport", "in_consumer_thread",
 ]

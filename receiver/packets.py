@@ -13,7 +13,7 @@ POLL_SECONDS = 0.05
 
 
 class ReceiverStopped(RuntimeError):
-  """Raised to a waiting sender when the receiver stops before replying."""
+  """Raised to a sender that needs a receiver when none can start."""
 
 
 class Reply:
@@ -36,13 +36,14 @@ class Reply:
     self._error = error
     self._done.set()
 
-  def wait(self, is_stopped: Callable[[], bool]) -> Sequence[np.ndarray]:
-    """Blocks until the reply is set; raises its error or `ReceiverStopped`."""
+  def wait(self, ensure_consumer: Callable[[], None]) -> Sequence[np.ndarray]:
+    """Blocks until the reply is set; raises its error.
+
+    `ensure_consumer()` runs at every poll: it starts a consumer if there is
+    none, or raises (e.g. `ReceiverStopped`) to give up.
+    """
     while not self._done.wait(POLL_SECONDS):
-      if is_stopped():
-        raise ReceiverStopped(
-            "the host_callback receiver was stopped while a device computation "
-            "was waiting for the result of a host_callback.call")
+      ensure_consumer()
     if self._error is not None:
       raise self._error
     assert self._arrays is not None
@@ -53,7 +54,7 @@ class Reply:
 class Packet:
   """What one device sends for one callback: a consumer id and its arrays."""
   consumer_id: int
-  device_key: int
+  device_id: int
   arrays: Sequence[np.ndarray]
   reply: Optional[Reply] = None
 

@@ -6,7 +6,7 @@ import collections
 import threading
 from typing import Callable, Deque, List
 
-from .packets import POLL_SECONDS, Packet, ReceiverStopped
+from .packets import POLL_SECONDS, Packet
 
 
 class PacketQueue:
@@ -28,17 +28,23 @@ class PacketQueue:
     self._enqueued = 0   # packets ever put
     self._finished = 0   # packets whose consumer has returned
 
-  def put(self, packet: Packet, is_stopped: Callable[[], bool]) -> None:
-    """Appends `packet`, first waiting while the queue is over its bound."""
+  def put(self, packet: Packet, ensure_consumer: Callable[[], None]) -> None:
+    """Appends `packet`, first waiting while the queue is over its bound.
+
+    While it waits, `ensure_consumer()` runs at every poll: it starts a
+    consumer if there is none, or raises to give up.
+    """
     size = packet.nbytes
     with self._cond:
       # Bytes count until consumed, so a batch being consumed still counts.
       while self._bytes and self._bytes + size > self.max_bytes:
-        if is_stopped():
-          raise ReceiverStopped(
-              "the host_callback receiver was stopped while a device waited "
-              "for room in its full callback queue")
         self._cond.wait(POLL_SECONDS)
+        if self._bytes and self._bytes + size > self.max_bytes:
+          self._cond.release()
+          try:
+            ensure_consumer()
+          finally:
+            self._cond.acquire()
       self._packets.append(packet)
       self._bytes += size
       self.high_water_bytes = max(self.high_water_bytes, self._bytes)
@@ -67,6 +73,24 @@ class PacketQueue:
       target = self._enqueued
       while self._finished < target and not is_stopped():
         self._cond.wait(POLL_SECONDS)
+
+  def restart_statistics(self, max_bytes: int) -> None:
+    """A new receiver starts, with this bound."""
+    with self._cond:
+      self.max_bytes = max_bytes
+      self.high_water_bytes = self._bytes
+
+  @property
+  def packets_sent(self) -> int:
+    """Packets ever put."""
+    with self._cond:
+      return self._enqueued
+
+  @property
+  def packets_unread(self) -> int:
+    """Packets put and not yet taken by a consumer."""
+    with self._cond:
+      return len(self._packets)
 
   @property
   def bytes_waiting(self) -> int:

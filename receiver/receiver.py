@@ -8,11 +8,24 @@ from typing import Dict, List, Mapping, Tuple
 from .errors import ErrorLog
 from .packets import POLL_SECONDS, Packet
 from .registry import ConsumerRegistry
-from .transport import QueueStats, Transport, TransportFactory
+from .transport import QueueStats, Transport
 
 # Threads that run consumers; a barrier called from one of them would wait for
 # itself, so the barrier checks this.
 _consumer_threads = threading.local()
+
+# One lock per (transport, device) queue, held by the thread that consumes
+# it: a thread of a new receiver waits until the old receiver's thread for
+# the same queue has finished its batch, so a device never has two consumers
+# and its packets stay in order. `_queue_locks_lock` guards the table.
+_queue_locks: Dict[Tuple[str, int], threading.Lock] = {}
+_queue_locks_lock = threading.Lock()
+
+
+def _queue_lock(transport_name: str, device_id: int) -> threading.Lock:
+  with _queue_locks_lock:
+    return _queue_locks.setdefault((transport_name, device_id),
+                                   threading.Lock())
 
 
 def in_consumer_thread() -> bool:
@@ -21,52 +34,58 @@ def in_consumer_thread() -> bool:
 
 
 class Receiver:
-  """Starts a consumer thread for each (transport, device) that sends packets.
+  """Consumes the packets of every device queue of the given transports.
 
-  Created running; `stop` drains and joins. `_lock` guards `_threads`.
+  Created running (attached to the transports); `stop` drains, then stops
+  and joins the threads. `detach` then hands the queues back. `_lock`
+  guards `_threads`.
   """
 
-  def __init__(self, make_transports: Mapping[str, TransportFactory],
+  def __init__(self, transports: Mapping[str, Transport], max_bytes: int,
                registry: ConsumerRegistry, errors: ErrorLog) -> None:
     self._stopped = threading.Event()
     self._registry = registry
     self._errors = errors
     self._lock = threading.Lock()
     self._threads: Dict[Tuple[str, int], threading.Thread] = {}
-    self.transports: Dict[str, Transport] = {}
-    for name, make in make_transports.items():
-      transport = self.transports[name] = make(self.is_stopped)
-      transport.set_new_device_listener(
-          lambda key, transport=transport: self._start_thread(transport, key))
+    self.transports = dict(transports)
+    for transport in self.transports.values():
+      transport.attach(max_bytes, lambda device_id, transport=transport:
+                       self._start_thread(transport, device_id))
 
   def is_stopped(self) -> bool:
     return self._stopped.is_set()
 
-  def _start_thread(self, transport: Transport, device_key: int) -> None:
+  def _start_thread(self, transport: Transport, device_id: int) -> None:
     with self._lock:
-      if (transport.name, device_key) in self._threads or self.is_stopped():
+      if (transport.name, device_id) in self._threads or self.is_stopped():
         return
       thread = threading.Thread(
-          target=self._consume_loop, args=(transport, device_key),
-          name=f"host_callback_{transport.name}_receiver_{device_key}",
+          target=self._consume_loop, args=(transport, device_id),
+          name=f"host_callback_{transport.name}_receiver_{device_id}",
           daemon=True)
-      self._threads[(transport.name, device_key)] = thread
+      self._threads[(transport.name, device_id)] = thread
     thread.start()
 
-  def _consume_loop(self, transport: Transport, device_key: int) -> None:
+  def _consume_loop(self, transport: Transport, device_id: int) -> None:
     _consumer_threads.active = True
-    while True:
-      batch = transport.take_batch(device_key, POLL_SECONDS)
-      for packet in batch:
-        self._consume(packet)
-        transport.mark_finished(device_key, packet)
-      if not batch and self.is_stopped():
+    lock = _queue_lock(transport.name, device_id)
+    while not lock.acquire(timeout=POLL_SECONDS):
+      if self.is_stopped():
         return
+    try:
+      while not self.is_stopped():
+        for packet in transport.take_batch(device_id, POLL_SECONDS):
+          self._consume(packet)
+          transport.mark_finished(device_id, packet)
+      transport.release(device_id)
+    finally:
+      lock.release()
 
   def _consume(self, packet: Packet) -> None:
     try:
       consumer = self._registry.get(packet.consumer_id)
-      result = consumer(packet.arrays, packet.device_key)
+      result = consumer(packet.arrays, packet.device_id)
     except BaseException as error:  # pylint: disable=broad-except
       self._errors.record(error)
       if packet.reply is not None:
@@ -78,17 +97,20 @@ class Receiver:
   def wait_processed(self) -> None:
     """Waits until every packet sent so far has been consumed."""
     for transport in self.transports.values():
-      for device_key in transport.device_keys():
-        transport.wait_finished(device_key, self.is_stopped)
+      for device_id in transport.device_ids():
+        transport.wait_finished(device_id, self.is_stopped)
 
   def queue_stats(self) -> Dict[Tuple[str, int], QueueStats]:
-    """Statistics of every device queue, by (transport name, device key)."""
-    return {(name, key): transport.stats(key)
+    """Statistics of every device queue, by (transport name, device id)."""
+    return {(name, device_id): transport.stats(device_id)
             for name, transport in self.transports.items()
-            for key in transport.device_keys()}
+            for device_id in transport.device_ids()}
 
   def stop(self, timeout: float = 60.0) -> None:
-    """Drains every queue, then stops and joins the consumer threads."""
+    """Drains every queue, then stops and joins the consumer threads.
+
+    Packets sent after the drain stay queued for the next receiver.
+    """
     self.wait_processed()
     self._stopped.set()
     for transport in self.transports.values():
@@ -98,3 +120,8 @@ class Receiver:
     for thread in threads:
       if thread is not threading.current_thread():
         thread.join(timeout)
+
+  def detach(self) -> bool:
+    """Hands the queues back; True if packets are left for the next receiver."""
+    pending = [transport.detach() for transport in self.transports.values()]
+    return any(pending)

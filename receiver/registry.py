@@ -7,7 +7,7 @@ from typing import Callable, Dict, Hashable, List, Optional, Sequence
 
 import numpy as np
 
-# A consumer gets the packet's arrays and the sending device's key, and returns
+# A consumer gets the packet's arrays and the sending device's id, and returns
 # the arrays of the reply (for a `call`) or None (for a tap).
 Consumer = Callable[[Sequence[np.ndarray], int], Optional[Sequence[np.ndarray]]]
 

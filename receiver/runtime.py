@@ -5,26 +5,34 @@ from __future__ import annotations
 import atexit
 import os
 import threading
-from typing import Callable, Mapping, Optional
+from typing import Callable, Dict, Mapping, Optional
 
 from .errors import ErrorLog
 from .receiver import Receiver
 from .registry import ConsumerRegistry
-from .transport import TransportFactory
+from .transport import Transport
 
 
 class Runtime:
-  """Owns the consumer registry, the error log and the current receiver.
+  """Owns the consumer registry, the error log, the transports and the
+  current receiver.
 
-  The registry and the error log outlive receiver restarts. `_lock` guards
-  `_receiver`.
+  The registry, the error log and the transports (with their device queues)
+  outlive receiver restarts. A device that sends while no receiver runs
+  starts one. `_lock` guards `_receiver` and `_transports`; `_stop_lock`
+  makes stops one at a time. Neither is held while host functions run.
   """
 
-  def __init__(self, at_exit: Callable[[], None]) -> None:
+  def __init__(self, make_transports: Callable[[], Mapping[str, Transport]],
+               max_bytes: Callable[[], int], at_exit: Callable[[], None]) -> None:
     """`at_exit` runs at interpreter exit if a receiver was ever started."""
     self.registry = ConsumerRegistry()
     self.errors = ErrorLog()
-    self._lock = threading.Lock()
+    self._make_transports = make_transports
+    self._max_bytes = max_bytes
+    self._lock = threading.RLock()
+    self._stop_lock = threading.Lock()
+    self._transports: Optional[Dict[str, Transport]] = None
     self._receiver: Optional[Receiver] = None
     self._at_exit = at_exit
     self._at_exit_registered = False
@@ -33,7 +41,8 @@ class Runtime:
 
   def _after_fork_in_child(self) -> None:
     """A forked child has none of the parent's receiver threads."""
-    self._lock = threading.Lock()
+    self._lock = threading.RLock()
+    self._stop_lock = threading.Lock()
     if self._receiver is not None:
       self._receiver = None
       self._forked_while_running = True
@@ -47,17 +56,30 @@ class Runtime:
           "receiver threads do not survive a fork. Start worker processes "
           "with multiprocessing's 'spawn' or 'forkserver' start method.")
 
-  def receiver(self, make_transports: Callable[[], Mapping[str, TransportFactory]]
-               ) -> Receiver:
-    """The running receiver; if there is none, starts one with new transports."""
+  def transports(self) -> Dict[str, Transport]:
+    """The transports, created once; their restart hooks start a receiver."""
+    transports = self._transports
+    if transports is not None:
+      return transports
+    with self._lock:
+      if self._transports is None:
+        transports = dict(self._make_transports())
+        for transport in transports.values():
+          transport.set_restart_hook(self.receiver)
+        self._transports = transports
+      return self._transports
+
+  def receiver(self) -> Receiver:
+    """The current receiver (perhaps stopping); starts one if there is none."""
     self.check_usable()
     receiver = self._receiver
     if receiver is not None:
       return receiver
+    transports = self.transports()
     with self._lock:
       if self._receiver is None:
-        self._receiver = Receiver(make_transports(), self.registry,
-                                  self.errors)
+        self._receiver = Receiver(transports, self._max_bytes(),
+                                  self.registry, self.errors)
         if not self._at_exit_registered:
           atexit.register(self._at_exit)
           self._at_exit_registered = True
@@ -67,8 +89,26 @@ class Runtime:
     return self._receiver
 
   def stop(self) -> None:
-    """Drains and stops the receiver; the next `receiver()` starts a new one."""
-    with self._lock:
-      receiver, self._receiver = self._receiver, None
-    if receiver is not None:
+    """Drains and stops the receiver. Packets sent meanwhile stay queued, and
+    a new receiver starts at once for them, or when a device next sends."""
+    with self._stop_lock:
+      receiver = self._receiver
+      if receiver is None:
+        return
       receiver.stop()
+      with self._lock:
+        self._receiver = None
+        pending = receiver.detach()
+      if pending:
+        self.receiver()
+
+  def shut_down(self) -> None:
+    """At exit: stops for good; a device that sends from now on fails."""
+    if self._transports is not None:
+      for transport in self._transports.values():
+        transport.clear_restart_hook()
+    with self._stop_lock:
+      receiver, self._receiver = self._receiver, None
+      if receiver is not None:
+        receiver.stop()
+        receiver.detach()

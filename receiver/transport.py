@@ -1,9 +1,16 @@
-"""The interface between a transport (how packets leave a device) and the receiver."""
+"""The interface of a transport (how packets leave a device) on both sides.
+
+A transport exists once per process; its device queues outlive receivers.
+The lowering uses its producer side, the receiver its lifecycle and
+consumer sides.
+"""
 
 from __future__ import annotations
 
 import dataclasses
-from typing import Callable, List, Protocol
+from typing import Callable, List, Protocol, Sequence, Tuple
+
+import numpy as np
 
 from .packets import Packet
 
@@ -17,32 +24,62 @@ class QueueStats:
   max_bytes: int
 
 
-class Transport(Protocol):
-  """Where the receiver's threads find the packets of each device."""
+class Producer(Protocol):
+  """What the lowering needs: queues to send to, and callback sites.
+
+  The Python transport also has `send(device_id, site, arrays)` and
+  `request(device_id, site, arrays) -> arrays`, which JAX's Python callbacks
+  call on the device thread; the native transport's device side is C++
+  (`receiver/native/ffi_handlers.cc`).
+  """
 
   name: str
 
-  def set_new_device_listener(self, listener: Callable[[int], None]) -> None:
-    """`listener(device_key)` is called once for each device that sends."""
+  def open_device(self, device_id: int) -> None:
+    """Prepares the queue of a device that may send, before it sends."""
 
-  def take_batch(self, device_key: int, timeout: float) -> List[Packet]:
+  def register_site(self, consumer_id: int, dtypes: Sequence[np.dtype],
+                    shapes: Sequence[Tuple[int, ...]]) -> int:
+    """The id that a callback site's packets carry: its consumer and the
+    dtypes and shapes of its arrays."""
+
+
+class Transport(Producer, Protocol):
+  """Where the receiver's threads find the packets of each device."""
+
+  def set_restart_hook(self, restart: Callable[[], None]) -> None:
+    """`restart()` is called by a device that sends while detached."""
+
+  def clear_restart_hook(self) -> None:
+    """From now on a device that needs a receiver fails instead."""
+
+  def attach(self, max_bytes: int, listener: Callable[[int], None]) -> None:
+    """A receiver starts: `listener(device_id)` runs for every device queue,
+    now and whenever one opens, until `detach`."""
+
+  def detach(self) -> bool:
+    """The receiver stopped; True if packets are left for the next one."""
+
+  def take_batch(self, device_id: int, timeout: float) -> List[Packet]:
     """Returns the device's waiting packets in order, waiting up to `timeout`."""
 
-  def mark_finished(self, device_key: int, packet: Packet) -> None:
+  def mark_finished(self, device_id: int, packet: Packet) -> None:
     """Releases the packet's bytes once its consumer has returned."""
 
-  def wait_finished(self, device_key: int, is_stopped: Callable[[], bool]) -> None:
+  def release(self, device_id: int) -> None:
+    """Releases now what `mark_finished` may have deferred."""
+
+  def wait_finished(self, device_id: int, is_stopped: Callable[[], bool]) -> None:
     """Waits until every packet the device has sent so far is consumed."""
 
-  def device_keys(self) -> List[int]:
-    """The devices that have sent at least one packet."""
+  def packets_sent(self, device_id: int) -> int:
+    """How many packets the device has ever sent."""
 
-  def stats(self, device_key: int) -> QueueStats:
+  def device_ids(self) -> List[int]:
+    """The devices whose queues are open."""
+
+  def stats(self, device_id: int) -> QueueStats:
     """Queue statistics for one device."""
 
   def wake_all(self) -> None:
-    """Wakes every waiter so that it re-checks the stop flag."""
-
-
-# Builds a transport, given the function that tells whether its receiver stopped.
-TransportFactory = Callable[[Callable[[], bool]], Transport]
+    """Wakes every waiter so that it re-checks its way out."""

@@ -30,7 +30,7 @@ import numpy as np
 from .packets import POLL_SECONDS, Packet
 from .transport import QueueStats
 
-ABI_VERSION = 2
+ABI_VERSION = 3
 # Names of the FFI targets, as registered with XLA by the JAX side.
 OUTFEED_TARGET = "host_callback_outfeed"
 CALL_TARGET = "host_callback_call"
@@ -47,6 +47,8 @@ _HEADER_BYTES = 64
 _ALIGN = 16
 _i64 = ctypes.c_int64
 _p_i64 = ctypes.POINTER(ctypes.c_int64)
+# `int hook(void)`: ctypes takes the GIL when a device thread calls it.
+_RESTART_HOOK = ctypes.CFUNCTYPE(ctypes.c_int)
 
 
 def _align(n: int) -> int:
@@ -70,7 +72,10 @@ def _load() -> Optional[ctypes.CDLL]:
   signatures = {
       "hcb_abi_version": ([], _i64),
       "hcb_attach": ([_i64], None),
-      "hcb_stop": ([], None),
+      "hcb_detach": ([], ctypes.c_int),
+      "hcb_set_restart_hook": ([_RESTART_HOOK], None),
+      "hcb_wake_consumers": ([], None),
+      "hcb_release": ([_i64, _i64, _i64], None),
       "hcb_open_device": ([_i64], None),
       "hcb_take": ([_i64, ctypes.c_double, ctypes.c_void_p, _i64,
                     ctypes.c_void_p, _i64, _i64, _i64, _p_i64], _i64),
@@ -156,12 +161,7 @@ def register_site(consumer_id: int, dtypes: Sequence[np.dtype],
     return site_id
 
 
-# --- Devices: native queues are per device ordinal, for the whole process ---
-
-_devices_lock = threading.Lock()  # guards _key_by_ordinal and _active
-_key_by_ordinal: Dict[int, int] = {}
-_active: Optional["NativeTransport"] = None
-
+# --- The transport ------------------------------------------------------
 
 class _Reply:
   """The reply to one call packet: delivered straight to the waiting device."""
@@ -190,11 +190,11 @@ class _Reply:
 class _Device:
   """Receiver-side state of one device queue; used by its consumer thread."""
 
-  __slots__ = ("ordinal", "batches", "finished", "finished_bytes",
+  __slots__ = ("device_id", "batches", "finished", "finished_bytes",
                "_buffer_bytes", "_buffers", "_index", "_index_address")
 
-  def __init__(self, ordinal: int) -> None:
-    self.ordinal = ordinal
+  def __init__(self, device_id: int) -> None:
+    self.device_id = device_id
     # [packets not yet finished, packets, bytes] of each batch taken.
     self.batches: Deque[List[int]] = collections.deque()
     self.finished = 0        # packets finished and not yet released
@@ -224,7 +224,7 @@ class _Device:
     needed = _i64(0)
     data, address = self._buffer(self._buffer_bytes)
     while True:
-      count = _lib.hcb_take(self.ordinal, timeout, address, data.nbytes,
+      count = _lib.hcb_take(self.device_id, timeout, address, data.nbytes,
                             self._index_address, BATCH_PACKETS, self.finished,
                             self.finished_bytes, ctypes.byref(needed))
       self.finished = self.finished_bytes = 0
@@ -238,69 +238,100 @@ class _Device:
       self._buffer_bytes = min(BATCH_BYTES, max(MIN_BUFFER_BYTES, 2 * nbytes))
     return data, index
 
+  def release(self) -> None:
+    """Releases the finished packets now (their consumer thread ends)."""
+    assert _lib is not None
+    if self.finished:
+      _lib.hcb_release(self.device_id, self.finished, self.finished_bytes)
+      self.finished = self.finished_bytes = 0
+
 
 class NativeTransport:
-  """The `Transport` over the native queues.
+  """The `Transport` over the native queues, one per process.
 
-  One exists per running receiver; creating it allows devices to wait on
-  their queues again, and `wake_all` after the receiver stopped makes every
-  waiting device fail. `_lock` guards `_devices` and `_listener`.
+  The device side (the FFI handlers) needs no Python; this object serves
+  the receiver's threads. `_lock` guards `_devices` and `_listener`.
   """
 
   name = "native"
 
-  def __init__(self, max_bytes: int, is_stopped: Callable[[], bool]) -> None:
-    global _active
+  def __init__(self) -> None:
     assert _lib is not None, "the native transport is not built"
-    self._max_bytes = max_bytes
-    self._is_stopped = is_stopped
     self._lock = threading.Lock()
     self._devices: Dict[int, _Device] = {}
     self._listener: Optional[Callable[[int], None]] = None
-    _lib.hcb_attach(max_bytes)
-    with _devices_lock:
-      _active = self
-      known = dict(_key_by_ordinal)
-    for ordinal, key in known.items():
-      self._add(ordinal, key)
+    self._max_bytes = 0
+    self._restart_hook: Optional[ctypes._CFuncPtr] = None  # kept alive
 
-  def set_new_device_listener(self, listener: Callable[[int], None]) -> None:
-    with self._lock:
-      self._listener = listener
-      keys = list(self._devices)
-    for key in keys:
-      listener(key)
+  # --- Producer: what the lowering uses ---
 
-  def open_device(self, ordinal: int, device_key: int) -> None:
-    """Prepares the queue of the device with this ordinal and key.
-
-    Called while lowering, for every local device that may send packets, so
-    that its consumer thread runs before the device sends.
-    """
+  def open_device(self, device_id: int) -> None:
+    """Prepares the device's queue, and its consumer thread if a receiver
+    runs, before the device sends."""
     assert _lib is not None
-    with _devices_lock:
-      _key_by_ordinal[ordinal] = device_key
-    _lib.hcb_open_device(ordinal)
-    self._add(ordinal, device_key)
-
-  def _add(self, ordinal: int, key: int) -> None:
+    _lib.hcb_open_device(device_id)
     with self._lock:
-      if key in self._devices:
+      if device_id in self._devices:
         return
-      self._devices[key] = _Device(ordinal)
+      self._devices[device_id] = _Device(device_id)
       listener = self._listener
     if listener is not None:
-      listener(key)
+      listener(device_id)
 
-  def take_batch(self, device_key: int, timeout: float) -> List[Packet]:
-    device = self._devices[device_key]
+  def register_site(self, consumer_id: int, dtypes: Sequence[np.dtype],
+                    shapes: Sequence[Tuple[int, ...]]) -> int:
+    return register_site(consumer_id, dtypes, shapes)
+
+  # --- Receiver lifecycle ---
+
+  def set_restart_hook(self, restart: Callable[[], None]) -> None:
+    assert _lib is not None
+
+    def hook() -> int:
+      try:
+        restart()
+        return 0
+      except BaseException:  # pylint: disable=broad-except
+        return 1  # the device fails with "cannot start again"
+
+    self._restart_hook = _RESTART_HOOK(hook)
+    _lib.hcb_set_restart_hook(self._restart_hook)
+
+  def clear_restart_hook(self) -> None:
+    assert _lib is not None
+    _lib.hcb_set_restart_hook(_RESTART_HOOK())
+
+  def attach(self, max_bytes: int, listener: Callable[[int], None]) -> None:
+    assert _lib is not None
+    self._max_bytes = max_bytes
+    with self._lock:
+      self._listener = listener
+      device_ids = list(self._devices)
+    _lib.hcb_attach(max_bytes)
+    for device_id in device_ids:
+      listener(device_id)
+
+  def detach(self) -> bool:
+    assert _lib is not None
+    with self._lock:
+      self._listener = None
+    return bool(_lib.hcb_detach())
+
+  def wake_all(self) -> None:
+    assert _lib is not None
+    _lib.hcb_wake_consumers()
+
+  # --- Consumer: what the receiver's threads use ---
+
+  def take_batch(self, device_id: int, timeout: float) -> List[Packet]:
+    device = self._devices[device_id]
     data, index = device.take(timeout)
-    return _decode(data, index.tolist(), device_key) if len(index) else []
+    return _decode(data, index.tolist(), device_id) if len(index) else []
 
-  def mark_finished(self, device_key: int, packet: Packet) -> None:
+  def mark_finished(self, device_id: int, packet: Packet) -> None:
     # The bytes are released by the next take_batch, which the consumer
-    # thread calls as soon as it has finished its batch.
-    device = self._devices[device_key]
+    # thread calls as soon as it has finished its batch, or by release.
+    device = self._devices[device_id]
     batch = device.batches[0]
     batch[0] -= 1
     if not batch[0]:
@@ -308,42 +339,36 @@ class NativeTransport:
       device.finished += batch[1]
       device.finished_bytes += batch[2]
 
-  def wait_finished(self, device_key: int, is_stopped: Callable[[], bool]) -> None:
+  def release(self, device_id: int) -> None:
+    self._devices[device_id].release()
+
+  def wait_finished(self, device_id: int, is_stopped: Callable[[], bool]) -> None:
     assert _lib is not None
-    ordinal = self._devices[device_key].ordinal
-    target = self._stats(ordinal)[3]
-    while (not _lib.hcb_wait_finished(ordinal, target, POLL_SECONDS)
+    target = self._stats(device_id)[3]
+    while (not _lib.hcb_wait_finished(device_id, target, POLL_SECONDS)
            and not is_stopped()):
       pass
 
-  def device_keys(self) -> List[int]:
+  def packets_sent(self, device_id: int) -> int:
+    return self._stats(device_id)[3]
+
+  def device_ids(self) -> List[int]:
     with self._lock:
       return list(self._devices)
 
-  def _stats(self, ordinal: int) -> List[int]:
+  def _stats(self, device_id: int) -> List[int]:
     assert _lib is not None
     out = (ctypes.c_int64 * 4)()
-    _lib.hcb_stats(ordinal, out)
+    _lib.hcb_stats(device_id, out)
     return list(out)
 
-  def stats(self, device_key: int) -> QueueStats:
-    bytes_waiting, packets_waiting, high_water, _ = self._stats(
-        self._devices[device_key].ordinal)
+  def stats(self, device_id: int) -> QueueStats:
+    bytes_waiting, packets_waiting, high_water, _ = self._stats(device_id)
     return QueueStats(bytes_waiting, packets_waiting, high_water,
                       self._max_bytes)
 
-  def wake_all(self) -> None:
-    """After the receiver stopped: every device waiting on it fails."""
-    assert _lib is not None
-    if self._is_stopped():
-      global _active
-      with _devices_lock:
-        if _active is self:
-          _active = None
-          _lib.hcb_stop()
 
-
-def _decode(data: np.ndarray, rows: List[List[int]], device_key: int
+def _decode(data: np.ndarray, rows: List[List[int]], device_id: int
             ) -> List[Packet]:
   """The packets of a batch, their arrays views over `data`.
 
@@ -363,7 +388,7 @@ def _decode(data: np.ndarray, rows: List[List[int]], device_key: int
     start = stop
     if run == 1:  # the usual batch of a `call`: skip the strided views
       packets.append(Packet(
-          site.consumer_id, device_key,
+          site.consumer_id, device_id,
           [np.ndarray(c.shape, c.dtype, data, offset + c.offset)
            for c in site.columns],
           _Reply(request_id) if request_id else None))
@@ -380,5 +405,5 @@ def _decode(data: np.ndarray, rows: List[List[int]], device_key: int
     replies = (map(_Reply, [row[2] for row in rows[stop - run:stop]])
                if request_id else itertools.repeat(None, run))
     packets.extend(map(Packet, itertools.repeat(site.consumer_id, run),
-                       itertools.repeat(device_key, run), arrays, replies))
+                       itertools.repeat(device_id, run), arrays, replies))
   return packets

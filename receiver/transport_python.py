@@ -3,11 +3,11 @@
 from __future__ import annotations
 
 import threading
-from typing import Callable, Dict, List, Optional, Sequence
+from typing import Callable, Dict, List, Optional, Sequence, Tuple
 
 import numpy as np
 
-from .packets import Packet, Reply
+from .packets import Packet, ReceiverStopped, Reply
 from .queues import PacketQueue
 from .transport import QueueStats
 
@@ -15,72 +15,139 @@ from .transport import QueueStats
 class PythonTransport:
   """Packets are enqueued by a Python function that the device calls.
 
-  `send` and `request` run on the thread that executes the device computation
+  One exists per process, and its queues outlive receiver restarts. `send`
+  and `request` run on the thread that executes the device computation
   (JAX's host-callback machinery calls them); the receiver's threads consume.
-  The transport lock guards `_queues` only.
+  The transport lock guards `_queues`, `_sites` and `_listener`.
   """
 
   name = "python"
 
-  def __init__(self, max_bytes: int, is_stopped: Callable[[], bool]) -> None:
-    self._max_bytes = max_bytes
-    self._is_stopped = is_stopped
+  def __init__(self) -> None:
     self._lock = threading.Lock()
     self._queues: Dict[int, PacketQueue] = {}
+    self._sites: List[int] = []  # the consumer id of each site
     self._listener: Optional[Callable[[int], None]] = None
+    self._max_bytes = 0
+    self._attached = False
+    self._restart: Optional[Callable[[], None]] = None
 
-  def set_new_device_listener(self, listener: Callable[[int], None]) -> None:
-    self._listener = listener
+  # --- Producer: what the lowering and the device use ---
 
-  def _queue(self, device_key: int) -> PacketQueue:
-    queue = self._queues.get(device_key)
-    if queue is not None:
-      return queue
+  def open_device(self, device_id: int) -> None:
+    self._queue(device_id)
+
+  def register_site(self, consumer_id: int, dtypes: Sequence[np.dtype],
+                    shapes: Sequence[Tuple[int, ...]]) -> int:
+    del dtypes, shapes  # the arrays arrive with theirs
     with self._lock:
-      queue = self._queues.get(device_key)
-      if queue is None:
-        queue = self._queues[device_key] = PacketQueue(self._max_bytes)
-        if self._listener is not None:
-          self._listener(device_key)
-    return queue
+      self._sites.append(consumer_id)
+      return len(self._sites) - 1
 
-  def send(self, device_key: int, consumer_id: int,
+  def send(self, device_id: int, site: int,
            arrays: Sequence[np.ndarray]) -> None:
     """Enqueues a tap packet; waits only while the device queue is full."""
-    # The device's buffers may be reused once we return: keep our own copy.
-    owned = [np.array(a, copy=True) for a in arrays]
-    self._queue(device_key).put(Packet(consumer_id, device_key, owned),
-                                self._is_stopped)
+    self._put(device_id, site, arrays, None)
 
-  def request(self, device_key: int, consumer_id: int,
+  def request(self, device_id: int, site: int,
               arrays: Sequence[np.ndarray]) -> Sequence[np.ndarray]:
     """Enqueues a call packet and waits for the host's reply."""
     reply = Reply()
+    self._put(device_id, site, arrays, reply)
+    return reply.wait(self._ensure_receiver)
+
+  def _put(self, device_id: int, site: int, arrays: Sequence[np.ndarray],
+           reply: Optional[Reply]) -> None:
+    self._ensure_receiver()
+    # The device's buffers may be reused once we return: keep our own copy.
     owned = [np.array(a, copy=True) for a in arrays]
-    self._queue(device_key).put(Packet(consumer_id, device_key, owned, reply),
-                                self._is_stopped)
-    return reply.wait(self._is_stopped)
+    packet = Packet(self._sites[site], device_id, owned, reply)
+    self._queue(device_id).put(packet, self._ensure_receiver)
+    # A receiver that detached while we put may have missed this packet.
+    self._ensure_receiver()
 
-  def take_batch(self, device_key: int, timeout: float) -> List[Packet]:
-    return self._queue(device_key).take_all(timeout)
+  def _ensure_receiver(self) -> None:
+    """Starts a receiver if none is attached; raises if none can start."""
+    if self._attached:
+      return
+    if self._restart is None:
+      raise ReceiverStopped(
+          "the host_callback receiver is stopped and cannot start again "
+          "(the interpreter is exiting?)")
+    self._restart()
 
-  def mark_finished(self, device_key: int, packet: Packet) -> None:
-    self._queue(device_key).mark_finished(packet)
-
-  def wait_finished(self, device_key: int, is_stopped: Callable[[], bool]) -> None:
-    self._queue(device_key).wait_finished(is_stopped)
-
-  def device_keys(self) -> List[int]:
+  def _queue(self, device_id: int) -> PacketQueue:
+    queue = self._queues.get(device_id)
+    if queue is not None:
+      return queue
     with self._lock:
-      return list(self._queues)
+      queue = self._queues.get(device_id)
+      if queue is None:
+        queue = self._queues[device_id] = PacketQueue(self._max_bytes)
+        listener = self._listener
+      else:
+        listener = None
+    if listener is not None:
+      listener(device_id)
+    return queue
 
-  def stats(self, device_key: int) -> QueueStats:
-    queue = self._queue(device_key)
-    return QueueStats(queue.bytes_waiting, queue.packets_waiting,
-                      queue.high_water_bytes, queue.max_bytes)
+  # --- Receiver lifecycle ---
+
+  def set_restart_hook(self, restart: Callable[[], None]) -> None:
+    self._restart = restart
+
+  def clear_restart_hook(self) -> None:
+    self._restart = None
+    self._wake_senders()
+
+  def attach(self, max_bytes: int, listener: Callable[[int], None]) -> None:
+    with self._lock:
+      self._max_bytes = max_bytes
+      self._listener = listener
+      queues = dict(self._queues)
+    for device_id, queue in queues.items():
+      queue.restart_statistics(max_bytes)
+      listener(device_id)
+    self._attached = True
+
+  def detach(self) -> bool:
+    self._attached = False
+    with self._lock:
+      self._listener = None
+      queues = list(self._queues.values())
+    return any(queue.packets_unread for queue in queues)
 
   def wake_all(self) -> None:
+    self._wake_senders()
+
+  def _wake_senders(self) -> None:
     with self._lock:
       queues = list(self._queues.values())
     for queue in queues:
       queue.wake()
+
+  # --- Consumer: what the receiver's threads use ---
+
+  def take_batch(self, device_id: int, timeout: float) -> List[Packet]:
+    return self._queue(device_id).take_all(timeout)
+
+  def mark_finished(self, device_id: int, packet: Packet) -> None:
+    self._queue(device_id).mark_finished(packet)
+
+  def release(self, device_id: int) -> None:
+    del device_id  # mark_finished released each packet already
+
+  def wait_finished(self, device_id: int, is_stopped: Callable[[], bool]) -> None:
+    self._queue(device_id).wait_finished(is_stopped)
+
+  def packets_sent(self, device_id: int) -> int:
+    return self._queue(device_id).packets_sent
+
+  def device_ids(self) -> List[int]:
+    with self._lock:
+      return list(self._queues)
+
+  def stats(self, device_id: int) -> QueueStats:
+    queue = self._queue(device_id)
+    return QueueStats(queue.bytes_waiting, queue.packets_waiting,
+                      queue.high_water_bytes, queue.max_bytes)

@@ -8,8 +8,10 @@ import subprocess
 import sys
 from pathlib import Path
 
+import jax
 import pytest
 
+import host_callback
 from host_callback import migrate
 
 DATA = Path(__file__).parent / "data" / "migrate"
@@ -181,10 +183,18 @@ def test_reports_name_what_is_missing():
           ]
 
 
-def test_supported_settings_are_not_reported():
+def test_static_lists_are_the_package_s():
+  """migrate lists the public names and settings instead of importing the
+  runtime to read them: they must stay what the package provides."""
+  assert migrate.PUBLIC_NAMES == set(host_callback.__all__)
+  assert len(host_callback.__all__) == len(migrate.PUBLIC_NAMES)
+  # `import host_callback` registered the settings.
   assert migrate.SUPPORTED_SETTINGS == {
-      "jax_host_callback_inline", "jax_host_callback_max_queue_byte_size",
-      "jax_host_callback_outfeed", "jax_host_callback_transport"}
+      name for name in jax.config.values
+      if name.startswith("jax_host_callback_")}
+
+
+def test_supported_settings_are_not_reported():
   source = "".join(f"jax.config.update('{name}', x)\n{name.upper()}=1\n"
                    for name in migrate.SUPPORTED_SETTINGS)
   assert migrate.migrate_source(source).reports == ()
@@ -313,6 +323,64 @@ def test_command_lines(tree):
   process = run(str(TOOLS_MIGRATE), str(tree))
   assert process.returncode == 0, process.stderr
   assert files(tree) == files(EXPECTED)
+
+
+def _imported_modules(importtime_stderr: str) -> set[str]:
+  """The modules a `python -X importtime` run imported."""
+  return {line.rpartition("|")[2].strip()
+          for line in importtime_stderr.splitlines()
+          if line.startswith("import time:")}
+
+
+@pytest.mark.parametrize("args", [["--help"], ["--check", "old.py"]])
+def test_codemod_does_not_import_the_runtime(tmp_path, args):
+  (tmp_path / "old.py").write_text(
+      "from jax.experimental import host_callback as hcb\n"
+      "hcb.id_print(1)\n")
+  process = subprocess.run(
+      [sys.executable, "-X", "importtime", "-m", "host_callback.migrate",
+       *args], cwd=tmp_path, capture_output=True, text=True, timeout=120,
+      check=False)
+  if args[0] == "--help":
+    assert process.returncode == 0, process.stderr
+    assert process.stdout.startswith("usage: python -m host_callback.migrate")
+  else:
+    assert process.returncode == 1, process.stderr  # it would rewrite old.py
+    assert "+import host_callback as hcb" in process.stdout
+  imported = _imported_modules(process.stderr)
+  assert {"host_callback", "libcst"} <= imported
+  runtime = ("host_callback.api", "host_callback.runtime",
+             "host_callback.primitive", "host_callback.receiver")
+  assert sorted(name for name in imported if name.startswith(runtime)) == []
+
+
+def test_public_names_load_on_first_use():
+  """`import host_callback` defers the runtime yet registers the settings;
+  every name in `__all__` loads, by attribute and by `from ... import`."""
+  code = """
+import sys
+import jax
+import host_callback as hcb
+jax.config.update("jax_host_callback_inline", False)
+assert "host_callback.api" not in sys.modules
+assert "host_callback.receiver" not in sys.modules
+assert set(hcb.__all__) <= set(dir(hcb))
+from host_callback import *
+assert hcb.id_tap is id_tap and hcb.install is install
+assert TapFunctionException is CallbackException is hcb.CallbackException
+for name in hcb.__all__:
+  assert callable(getattr(hcb, name)), name
+from host_callback.receiver import CallbackException as original
+assert CallbackException is original
+try:
+  hcb.no_such_name
+except AttributeError as error:
+  assert "no_such_name" in str(error)
+else:
+  raise AssertionError("hcb.no_such_name")
+"""
+  process = run("-c", code)
+  assert process.returncode == 0, process.stderr
 
 
 def test_without_libcst_says_what_to_install(tree):

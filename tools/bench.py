@@ -20,13 +20,16 @@ import statistics
 import time
 from typing import Callable, Dict, List, Optional, Tuple
 
-import jax
-import jax.numpy as jnp
-import numpy as np
-from jax.experimental import io_callback
+# Four CPU devices, for the idle barrier row; every other row uses device 0.
+os.environ.setdefault("XLA_FLAGS", "--xla_force_host_platform_device_count=4")
 
-import host_callback as hcb
-from host_callback import runtime
+import jax  # noqa: E402  (after XLA_FLAGS)
+import jax.numpy as jnp  # noqa: E402
+import numpy as np  # noqa: E402
+from jax.experimental import io_callback  # noqa: E402
+
+import host_callback as hcb  # noqa: E402
+from host_callback import runtime  # noqa: E402
 
 
 def _noop(*args, **kwargs) -> None:
@@ -70,8 +73,14 @@ def _call_io(func: Callable) -> Callable:
                                ordered=True)
 
 
+def _nothing(func: Callable) -> Callable:
+  del func
+  return lambda x: x
+
+
 TAPPERS = {"debug.callback": _tap_debug, "io_callback": _tap_io}
 CALLERS = {"pure_callback": _call_pure, "io_callback": _call_io}
+NOTHING = {"no callback": _nothing}
 
 
 # --- Measurements --------------------------------------------------------------
@@ -135,6 +144,29 @@ def _one_shot_times(op: Callable, x, repeat: int) -> Tuple[float]:
   return _time(run, repeat)
 
 
+def _step_time(op: Callable, repeat: int, calls: int = 2000) -> float:
+  """Seconds per call of a jitted training-like step (a 16x16 matmul and a
+  sum, then `op`) called from a Python loop, until its callbacks drained."""
+  weights = jnp.ones((16, 16), jnp.float32)
+  step = jax.jit(lambda x: op(jnp.sum(x @ weights)))
+  x = jnp.ones((16, 16), jnp.float32)
+
+  def run():
+    start = time.perf_counter()
+    for _ in range(calls):
+      out = step(x)
+    jax.block_until_ready(out)
+    _drain()
+    return ((time.perf_counter() - start) / calls,)
+  return _time(run, repeat)[0]
+
+
+def _open_all_devices() -> None:
+  """Taps once on every device, so that the barrier visits every queue."""
+  jax.pmap(lambda x: hcb.id_tap(_noop, x))(jnp.arange(jax.device_count()))
+  hcb.barrier_wait()
+
+
 def _idle_barrier(wait: Callable[[], None], count: int = 2000) -> float:
   wait()
   start = time.perf_counter()
@@ -169,6 +201,12 @@ def collect(quick: bool, repeat: int) -> List[Row]:
       values[name] = ours(baseline)
     rows.append((scenario, unit, values))
 
+  add("jitted step with one tap, per call from a Python loop", "µs",
+      lambda make: 1e6 * _step_time(make(_noop), repeat),
+      {**NOTHING, **TAPPERS}, _tap_hcb)
+  add("jitted step with one call x+1, per call from a Python loop", "µs",
+      lambda make: 1e6 * _step_time(make(lambda a: a + 1), repeat),
+      {**NOTHING, **CALLERS}, _call_hcb)
   steps = 100_000 // scale
   for index, label in ((0, "until ready"), (1, "until drained")):
     add(f"tap f32 scalar, per step of a {steps}-step scan ({label})", "µs",
@@ -201,11 +239,14 @@ def collect(quick: bool, repeat: int) -> List[Row]:
   add("call round trip of 32 MiB f32[8,1024,1024]", "ms",
       lambda make: 1e3 * _one_shot_times(make(plus_one), big, repeat)[0],
       CALLERS, _call_hcb)
-  rows.append(("idle barrier_wait (jax: effects_barrier)", "µs", {
-      **{f"hcb[{t}]": _with_transport(t, lambda: 1e6 * _idle_barrier(hcb.barrier_wait))
-         for t in transports},
-      "debug.callback": 1e6 * _idle_barrier(jax.effects_barrier),
-      "io_callback": 1e6 * _idle_barrier(jax.effects_barrier)}))
+  for label, prepare in (("1 device", lambda: None),
+                         (f"{jax.device_count()} devices", _open_all_devices)):
+    rows.append((f"idle barrier_wait, {label} (jax: effects_barrier)", "µs", {
+        **{f"hcb[{t}]": _with_transport(
+            t, lambda: (prepare(), 1e6 * _idle_barrier(hcb.barrier_wait))[1])
+           for t in transports},
+        "debug.callback": 1e6 * _idle_barrier(jax.effects_barrier),
+        "io_callback": 1e6 * _idle_barrier(jax.effects_barrier)}))
   return rows
 
 

@@ -3,8 +3,8 @@
     python tools/migrate.py [--check] PATH...     (or: python -m tools.migrate)
 
 The same as `python -m host_callback.migrate` (which documents the options);
-needs the package installed with its `migrate` extra:
-`pip install "host-callback[migrate]"`.
+needs the package installed with its `migrate` extra (libcst):
+`pip install ".[migrate]"` in a checkout.
 """
 
 import runpy

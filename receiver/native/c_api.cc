@@ -14,11 +14,22 @@ hcb::Hub& hub() { return hcb::Hub::Get(); }
 }  // namespace
 
 // Bumped whenever a signature below changes.
-HCB_EXPORT int64_t hcb_abi_version() { return 2; }
+HCB_EXPORT int64_t hcb_abi_version() { return 3; }
 
 HCB_EXPORT void hcb_attach(int64_t max_bytes) { hub().Attach(max_bytes); }
 
-HCB_EXPORT void hcb_stop() { hub().Stop(); }
+// Returns 1 when packets are left for the next receiver, else 0.
+HCB_EXPORT int hcb_detach() { return hub().Detach() ? 1 : 0; }
+
+HCB_EXPORT void hcb_set_restart_hook(hcb::RestartHook hook) {
+  hub().SetRestartHook(hook);
+}
+
+HCB_EXPORT void hcb_wake_consumers() { hub().WakeConsumers(); }
+
+HCB_EXPORT void hcb_release(int64_t ordinal, int64_t packets, int64_t bytes) {
+  hub().Release(ordinal, packets, bytes);
+}
 
 // Creates the queue of a device if it has none yet.
 HCB_EXPORT void hcb_open_device(int64_t ordinal) { hub().Queue(ordinal); }

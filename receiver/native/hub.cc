@@ -76,26 +76,59 @@ Hub& Hub::Get() {
 
 void Hub::Attach(int64_t max_bytes) {
   max_bytes_.store(max_bytes, std::memory_order_release);
-  stopped_.store(false, std::memory_order_release);
   std::lock_guard<std::mutex> lock(mu_);
   for (auto& [ordinal, queue] : queues_) {
     std::lock_guard<std::mutex> queue_lock(queue->mu);
     queue->high_water = queue->bytes;  // statistics start with the receiver
   }
+  attached_.store(true, std::memory_order_seq_cst);
 }
 
-void Hub::Stop() {
-  stopped_.store(true, std::memory_order_release);
+bool Hub::Detach() {
+  // A device that pushes after this store sees it and calls the hook; one
+  // that pushed before is seen below. Either way its packet is not orphaned.
+  attached_.store(false, std::memory_order_seq_cst);
+  std::lock_guard<std::mutex> lock(mu_);
+  bool pending = !slots_.empty();
+  for (auto& [ordinal, queue] : queues_) {
+    std::lock_guard<std::mutex> queue_lock(queue->mu);
+    pending = pending || queue->unread > 0;
+    queue->changed.notify_all();
+  }
+  return pending;
+}
+
+void Hub::SetRestartHook(RestartHook hook) {
+  restart_hook_.store(hook, std::memory_order_seq_cst);
+  if (hook != nullptr) return;
+  // Wake the devices that wait, so that they fail instead.
   std::lock_guard<std::mutex> lock(mu_);
   for (auto& [ordinal, queue] : queues_) {
     std::lock_guard<std::mutex> queue_lock(queue->mu);
-    queue->not_empty.notify_all();
     queue->changed.notify_all();
   }
   for (auto& [id, slot] : slots_) {
     std::lock_guard<std::mutex> slot_lock(slot->mu);
     slot->cv.notify_all();
   }
+}
+
+void Hub::WakeConsumers() {
+  wake_generation_.fetch_add(1, std::memory_order_seq_cst);
+  std::lock_guard<std::mutex> lock(mu_);
+  for (auto& [ordinal, queue] : queues_) {
+    std::lock_guard<std::mutex> queue_lock(queue->mu);
+    queue->not_empty.notify_all();
+  }
+}
+
+Status Hub::EnsureReceiver(int64_t ordinal) {
+  if (attached_.load(std::memory_order_seq_cst)) return Status();
+  RestartHook hook = restart_hook_.load(std::memory_order_seq_cst);
+  if (hook != nullptr && hook() == 0) return Status();
+  return "host_callback: device " + std::to_string(ordinal) +
+         " needs the host_callback receiver, which is stopped and cannot "
+         "start again (the interpreter is exiting?)";
 }
 
 DeviceQueue* Hub::Queue(int64_t ordinal) {
@@ -134,17 +167,21 @@ Status Hub::Send(int64_t ordinal, int64_t site, int64_t request_id,
                  const Span* arrays, size_t num_arrays) {
   int64_t size = kHeaderBytes;
   for (size_t i = 0; i < num_arrays; ++i) size += AlignUp(arrays[i].bytes);
+  if (Status status = EnsureReceiver(ordinal); !status.empty()) return status;
   DeviceQueue* queue = Queue(ordinal);
   std::unique_lock<std::mutex> lock = LockSoon(queue->mu);
   // Over the bound, wait for the consumer; a lone packet always fits, so the
   // bytes waiting never exceed the bound plus one packet.
   while (queue->enqueued > queue->finished &&
          queue->bytes + size > max_bytes_.load(std::memory_order_acquire)) {
-    if (stopped()) {
-      return "host_callback: the receiver was stopped while device " +
-             std::to_string(ordinal) +
-             " waited for room in its full callback queue (see "
-             "JAX_HOST_CALLBACK_MAX_QUEUE_BYTE_SIZE)";
+    if (!attached_.load(std::memory_order_seq_cst)) {
+      lock.unlock();
+      if (Status status = EnsureReceiver(ordinal); !status.empty()) {
+        return status + " while it waited for room in its full callback "
+                        "queue (see JAX_HOST_CALLBACK_MAX_QUEUE_BYTE_SIZE)";
+      }
+      lock.lock();
+      continue;
     }
     queue->changed.wait_for(lock, kPollInterval);
   }
@@ -166,7 +203,9 @@ Status Hub::Send(int64_t ordinal, int64_t site, int64_t request_id,
   ++queue->enqueued;
   queue->pushed.store(queue->enqueued, std::memory_order_release);
   if (queue->consumer_sleeping) queue->not_empty.notify_one();
-  return Status();
+  lock.unlock();
+  // A receiver that detached while we pushed may have missed this packet.
+  return EnsureReceiver(ordinal);
 }
 
 Status Hub::Call(int64_t ordinal, int64_t site, const Span* arrays,
@@ -192,14 +231,14 @@ Status Hub::Call(int64_t ordinal, int64_t site, const Span* arrays,
   auto answered = [&] {
     return slot.state.load(std::memory_order_acquire) != kPending;
   };
+  Status receiver;
   if (!Spin(kReplySpin, answered)) {
     while (!answered()) {
       {
         std::unique_lock<std::mutex> lock(slot.mu);
-        slot.cv.wait_for(lock, kPollInterval,
-                         [&] { return answered() || stopped(); });
+        slot.cv.wait_for(lock, kPollInterval, answered);
       }
-      if (!answered() && stopped()) break;
+      if (!answered() && !(receiver = EnsureReceiver(ordinal)).empty()) break;
     }
   }
   forget();
@@ -209,9 +248,8 @@ Status Hub::Call(int64_t ordinal, int64_t site, const Span* arrays,
     case kFailed:
       return slot.error;
     default:
-      return "host_callback: the receiver was stopped while device " +
-             std::to_string(ordinal) +
-             " waited for the result of a host_callback.call";
+      return receiver + " while it waited for the result of a "
+                        "host_callback.call";
   }
 }
 
@@ -223,15 +261,18 @@ int64_t Hub::Take(int64_t ordinal, double timeout_s, uint8_t* dst,
   std::unique_lock<std::mutex> lock = LockSoon(queue->mu);
   if (queue->unread == 0) {
     const int64_t seen = queue->enqueued;
+    const int64_t generation = wake_generation_.load(std::memory_order_seq_cst);
+    auto woken = [&] {
+      return wake_generation_.load(std::memory_order_seq_cst) != generation;
+    };
     lock.unlock();
     Spin(kConsumerSpin, [&] {
-      return queue->pushed.load(std::memory_order_acquire) != seen ||
-             stopped();
+      return queue->pushed.load(std::memory_order_acquire) != seen || woken();
     });
     lock.lock();
     queue->consumer_sleeping = true;
     queue->not_empty.wait_for(lock, Seconds(timeout_s), [&] {
-      return queue->unread > 0 || stopped();
+      return queue->unread > 0 || woken();
     });
     queue->consumer_sleeping = false;
     if (queue->unread == 0) return 0;
@@ -288,7 +329,7 @@ int64_t Hub::Take(int64_t ordinal, double timeout_s, uint8_t* dst,
       index[count++] = IndexEntry{at, header.site, header.request_id,
                                   header.size};
     } else {
-      // Its device gave up waiting (the receiver stopped): nobody to answer.
+      // Its device gave up waiting: nobody to answer.
       ++dropped;
       dropped_bytes += header.size;
     }

@@ -3,8 +3,11 @@
 //
 // Device threads (the FFI handlers in ffi_handlers.cc) push packets and wait
 // for replies; the Python receiver threads (through the C API in c_api.cc)
-// take batches, release consumed bytes and post replies. Nothing here touches
-// Python. Every wait re-checks the stop flag at least every kPollInterval.
+// take batches, release consumed bytes and post replies. The queues live for
+// the whole process; a receiver attaches to and detaches from them. A device
+// that sends while no receiver is attached calls the restart hook (the only
+// call into Python), which attaches a new one. Every wait re-checks at least
+// every kPollInterval.
 
 #ifndef HOST_CALLBACK_RECEIVER_NATIVE_HUB_H_
 #define HOST_CALLBACK_RECEIVER_NATIVE_HUB_H_
@@ -96,17 +99,27 @@ struct ReplySlot {
 };
 constexpr int kPending = 0, kDone = 1, kFailed = 2;
 
+// Called by a device that needs a receiver while none is attached; returns 0
+// once one is attached.
+using RestartHook = int (*)();
+
 // The process-wide state. `mu_` guards `queues_`, `slots_` and `next_request_`.
 class Hub {
  public:
   static Hub& Get();
 
-  // A receiver starts (again) with this queue bound; waits are allowed again
-  // and the queues' high-water marks restart.
+  // A receiver starts (again) with this queue bound; the queues' high-water
+  // marks restart.
   void Attach(int64_t max_bytes);
-  // The receiver stopped: every waiting device fails, and so do new waits.
-  void Stop();
-  bool stopped() const { return stopped_.load(std::memory_order_acquire); }
+  // The receiver stopped. Returns whether packets are left for the next one
+  // (sent after the last drain); a device that sends from now on calls the
+  // restart hook.
+  bool Detach();
+  // Without a hook (at interpreter exit), a device that needs a receiver
+  // fails instead, and so do the devices waiting now.
+  void SetRestartHook(RestartHook hook);
+  // Wakes every consumer waiting in Take, so that it re-checks its stop flag.
+  void WakeConsumers();
 
   // The queue of a device, created on first use; never freed.
   DeviceQueue* Queue(int64_t ordinal);
@@ -143,8 +156,12 @@ class Hub {
   Hub() = default;
   Chunk* ChunkWithRoom(DeviceQueue* queue, int64_t size);
   void Finish(ReplySlot* slot, int state);
+  // Empty when a receiver is attached, after calling the hook if needed.
+  Status EnsureReceiver(int64_t ordinal);
 
-  std::atomic<bool> stopped_{true};
+  std::atomic<bool> attached_{false};
+  std::atomic<RestartHook> restart_hook_{nullptr};
+  std::atomic<int64_t> wake_generation_{0};
   std::atomic<int64_t> max_bytes_{256'000'000};
   std::mutex mu_;
   std::unordered_map<int64_t, std::unique_ptr<DeviceQueue>> queues_;

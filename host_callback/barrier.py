@@ -1,0 +1,171 @@
+"""`barrier_wait` and `stop_outfeed_receiver`: a marker through each device.
+
+As the original did, the barrier runs one tiny tap computation on every
+local device whose queue is open, on each transport. A device's consumer
+thread runs host functions in the order the device sent them: when a
+marker's tap has run, every callback sent before the marker has run too.
+
+On an accelerator a device runs its computations in dispatch order, so that
+covers every computation dispatched before the barrier. JAX's CPU client
+does not: a computation whose inputs are not ready yet runs when they are,
+after later computations whose inputs were. So the barrier first waits for
+every live array (the outputs the program holds, and so the computations
+that make them), and repeats the markers while packets keep arriving that
+they did not account for (computations whose outputs were dropped).
+"""
+
+from __future__ import annotations
+
+import collections
+import functools
+import logging
+import threading
+from typing import Any, Dict, Optional, Tuple
+
+import jax
+import numpy as np
+
+from . import primitive, runtime, settings
+from .host_functions import HostFunction
+from .receiver import in_consumer_thread
+
+logger = logging.getLogger("host_callback")
+_POLL_SECONDS = 0.05
+# Marker rounds before the barrier gives up waiting for a quiet one (another
+# thread may be tapping without pause).
+_MAX_ROUNDS = 20
+
+# (transport name, device id)
+_Key = Tuple[str, int]
+
+
+class _Markers:
+  """Markers dispatched and arrived, per (transport, device).
+
+  The condition's lock guards both counters.
+  """
+
+  def __init__(self) -> None:
+    self._cond = threading.Condition()
+    self._dispatched: Dict[_Key, int] = collections.defaultdict(int)
+    self._arrived: Dict[_Key, int] = collections.defaultdict(int)
+
+  def next_target(self, key: _Key) -> int:
+    with self._cond:
+      self._dispatched[key] += 1
+      return self._dispatched[key]
+
+  def arrive(self, key: _Key) -> None:
+    with self._cond:
+      self._arrived[key] += 1
+      self._cond.notify_all()
+
+  def wait(self, targets: Dict[_Key, int]) -> None:
+    """Waits until `targets[key]` markers have arrived for every key.
+
+    A marker that arrives later than another dispatched after it still
+    counts: the later one proves the same for the barrier.
+    """
+    with self._cond:
+      while any(self._arrived[key] < target for key, target in targets.items()):
+        self._cond.wait(_POLL_SECONDS)
+
+
+_markers = _Markers()
+
+
+def _marker_tap(name: str, arg: Any, transforms: Any, *, device: Any) -> None:
+  del arg, transforms
+  _markers.arrive((name, device.id))
+
+
+@functools.lru_cache(maxsize=None)
+def _marker_computation(name: str) -> Any:
+  """A jitted tap whose host function counts the marker's arrival."""
+  function = HostFunction(functools.partial(_marker_tap, name),
+                          jax.tree_util.tree_structure(0), with_device=True,
+                          is_call=False)
+  return jax.jit(lambda x: primitive.bind([x], function=function, num_args=1,
+                                          device_index=0)[0])
+
+
+@functools.lru_cache(maxsize=None)
+def _marker_input(device: Any) -> jax.Array:
+  return jax.device_put(np.int32(0), device)
+
+
+def _wait_for_live_arrays() -> None:
+  """Waits for the computations that make the arrays the program holds."""
+  arrays = jax.live_arrays()
+  try:
+    jax.block_until_ready(arrays)
+  except Exception:  # pylint: disable=broad-except
+    pass  # a failed computation reports its error through its outputs
+
+
+def _marker_round() -> bool:
+  """Puts a marker on every open local device queue and waits for all.
+
+  Returns whether nothing but the markers arrived meanwhile.
+  """
+  local = {device.id: device for device in jax.local_devices()}
+  targets: Dict[_Key, int] = {}
+  sent_before: Dict[_Key, int] = {}
+  transports = runtime.transports()
+  for name, transport in transports.items():
+    device_ids = [d for d in transport.device_ids() if d in local]
+    if not device_ids:
+      continue
+    marker = _marker_computation(name)
+    with settings.transport(name):
+      for device_id in device_ids:
+        key = (name, device_id)
+        sent_before[key] = transport.packets_sent(device_id)
+        targets[key] = _markers.next_target(key)
+        marker(_marker_input(local[device_id]))
+  _markers.wait(targets)
+  return all(transports[name].packets_sent(device_id) == sent + 1
+             for (name, device_id), sent in sent_before.items())
+
+
+def _wait_for_devices() -> None:
+  """Waits until every callback of the computations dispatched so far ran.
+
+  One quiet marker round suffices when nothing else arrives; after packets
+  did arrive, two in a row are needed, since stragglers may still follow.
+  """
+  _wait_for_live_arrays()
+  quiet_rounds_needed = 1
+  for _ in range(_MAX_ROUNDS):
+    if not _marker_round():
+      quiet_rounds_needed = 2
+      continue
+    quiet_rounds_needed -= 1
+    if not quiet_rounds_needed:
+      break
+  runtime.wait_released()
+
+
+def _check_not_in_consumer(api: str) -> None:
+  if in_consumer_thread():
+    raise RuntimeError(
+        f"host_callback.{api} was called from inside a host callback "
+        "function; it would wait for itself. Call it from the main program.")
+
+
+def barrier_wait(logging_name: Optional[str] = None) -> None:
+  """See `host_callback.barrier_wait`."""
+  _check_not_in_consumer("barrier_wait")
+  runtime.check_usable()
+  logger.debug("barrier_wait[%s]: start", logging_name)
+  _wait_for_devices()
+  logger.debug("barrier_wait[%s]: done", logging_name)
+  runtime.raise_recorded_error()
+
+
+def stop_outfeed_receiver() -> None:
+  """See `host_callback.stop_outfeed_receiver`."""
+  _check_not_in_consumer("stop_outfeed_receiver")
+  runtime.check_usable()
+  _wait_for_devices()
+  runtime.stop_receiver()

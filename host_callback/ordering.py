@@ -1,0 +1,63 @@
+"""The ordering token of taps and calls, owned by host_callback.
+
+Inside a traced computation our primitive carries the ordered effect
+`HostCallbackEffect`, so that JAX keeps it from being dead-code eliminated,
+allows it in control flow, custom derivatives, remat and shard_map, and
+threads a token for it through while, cond, scan and nested jit when lowering.
+
+At the top of each compiled computation, though, any JAX effect would take
+it off JAX's C++ dispatch fast path and add a runtime-token transfer per
+execution. So, just before JAX lowers a top-level jaxpr that has our effect,
+we wrap the whole jaxpr in one `host_callback_scope` equation whose effects
+are the others only. The scope's lowering creates our token and lowers the
+body inline with it: the executable has no effect of ours, and the order of
+taps on each device is the token's order. Successive executions on one
+device run in dispatch order, which keeps taps ordered across them.
+"""
+
+from __future__ import annotations
+
+from typing import Any, List
+
+from jax.extend.core import Primitive
+
+from . import _jax_adapter as adapter
+from ._jax_adapter import mlir
+
+_EFFECT = adapter.host_callback_effect
+
+host_callback_scope_p = Primitive("host_callback_scope")
+host_callback_scope_p.multiple_results = True
+
+
+def _other_effects(jaxpr: Any) -> set:
+  return {e for e in jaxpr.effects if e is not _EFFECT}
+
+
+def _abstract_eval(*avals: Any, jaxpr: Any):
+  del avals
+  return [v.aval for v in jaxpr.outvars], _other_effects(jaxpr)
+
+
+host_callback_scope_p.def_effectful_abstract_eval(_abstract_eval)
+
+
+def _lower(ctx: Any, *args: Any, jaxpr: Any) -> List[Any]:
+  return adapter.lower_scope_body(ctx, jaxpr, args, _EFFECT)
+
+
+mlir.register_lowering(host_callback_scope_p, _lower, cacheable=False)
+
+
+def _has_our_effect(top_jaxpr: Any) -> bool:
+  return _EFFECT in top_jaxpr.effects
+
+
+def _scoped(top_jaxpr: Any) -> Any:
+  """The top-level jaxpr as one scope equation without our effect."""
+  jaxpr = getattr(top_jaxpr, "jaxpr", top_jaxpr)
+  return adapter.scope_eqn(top_jaxpr, host_callback_scope_p,
+                           _other_effects(jaxpr))
+
+
+adapter.install_top_level_rewrite(_scoped, _has_our_effect)
