@@ -68,16 +68,16 @@ def _check_results(function: HostFunction, result: Any) -> Sequence[np.ndarray]:
 
 
 def make_consumer(function: HostFunction, transforms: Transforms,
-                  device_by_key: Callable[[int], Any]
+                  device_by_id: Callable[[int], Any]
                   ) -> Callable[[Sequence[np.ndarray], int],
                                 Optional[Sequence[np.ndarray]]]:
   """The receiver-side consumer for one (host function, transforms) pair."""
   unpacked = unpack_transforms(transforms)
 
-  def consume(arrays: Sequence[np.ndarray], device_key: int
+  def consume(arrays: Sequence[np.ndarray], device_id: int
               ) -> Optional[Sequence[np.ndarray]]:
     arg = jax.tree_util.tree_unflatten(function.arg_treedef, list(arrays))
-    kwargs = {"device": device_by_key(device_key)} if function.with_device else {}
+    kwargs = {"device": device_by_id(device_id)} if function.with_device else {}
     if not function.is_call:
       function.func(arg, unpacked, **kwargs)
       return None

@@ -27,38 +27,38 @@ HCB_EXPORT void hcb_set_restart_hook(hcb::RestartHook hook) {
 
 HCB_EXPORT void hcb_wake_consumers() { hub().WakeConsumers(); }
 
-HCB_EXPORT void hcb_release(int64_t ordinal, int64_t packets, int64_t bytes) {
-  hub().Release(ordinal, packets, bytes);
+HCB_EXPORT void hcb_release(int64_t device_id, int64_t packets, int64_t bytes) {
+  hub().Release(device_id, packets, bytes);
 }
 
 // Creates the queue of a device if it has none yet.
-HCB_EXPORT void hcb_open_device(int64_t ordinal) { hub().Queue(ordinal); }
+HCB_EXPORT void hcb_open_device(int64_t device_id) { hub().Queue(device_id); }
 
 // First releases `released_packets` consumed packets of `released_bytes`
 // (they count as finished and leave the queue's bound), then copies the next
 // packets into `dst` and `index` (4 int64 per packet: offset, site, request
 // id, size); see Hub::Take.
-HCB_EXPORT int64_t hcb_take(int64_t ordinal, double timeout_s, uint8_t* dst,
+HCB_EXPORT int64_t hcb_take(int64_t device_id, double timeout_s, uint8_t* dst,
                             int64_t capacity, int64_t* index,
                             int64_t max_packets, int64_t released_packets,
                             int64_t released_bytes, int64_t* needed) {
   if (released_packets > 0) {
-    hub().Release(ordinal, released_packets, released_bytes);
+    hub().Release(device_id, released_packets, released_bytes);
   }
-  return hub().Take(ordinal, timeout_s, dst, capacity,
+  return hub().Take(device_id, timeout_s, dst, capacity,
                     reinterpret_cast<hcb::IndexEntry*>(index), max_packets,
                     needed);
 }
 
-HCB_EXPORT int hcb_wait_finished(int64_t ordinal, int64_t target,
+HCB_EXPORT int hcb_wait_finished(int64_t device_id, int64_t target,
                                  double timeout_s) {
-  return hub().WaitFinished(ordinal, target, timeout_s) ? 1 : 0;
+  return hub().WaitFinished(device_id, target, timeout_s) ? 1 : 0;
 }
 
 // Writes bytes waiting, packets waiting (enqueued, not finished), high-water
 // bytes and packets ever enqueued.
-HCB_EXPORT void hcb_stats(int64_t ordinal, int64_t* out) {
-  hcb::DeviceQueue* queue = hub().Queue(ordinal);
+HCB_EXPORT void hcb_stats(int64_t device_id, int64_t* out) {
+  hcb::DeviceQueue* queue = hub().Queue(device_id);
   std::lock_guard<std::mutex> lock(queue->mu);
   out[0] = queue->bytes;
   out[1] = queue->enqueued - queue->finished;

@@ -1,8 +1,9 @@
 // The XLA FFI handlers that the device runs: they move bytes between device
 // buffers and the hub's queues, and never touch Python or the GIL.
 //
-// Both take and return the ordering token of host_callback's ordered effect,
-// so XLA keeps them in program order on each device.
+// Both take and return host_callback's ordering token, so XLA keeps them in
+// program order on each device. `device_id` is XLA's device ordinal, which on
+// CPU is the jax.Device.id of the executing device.
 
 #include <cstdint>
 #include <vector>
@@ -49,17 +50,17 @@ ffi::Error Done(const hcb::Status& status) {
 }
 
 // A tap: copies the arguments into a packet on the device's queue.
-ffi::Error Outfeed(int32_t ordinal, ffi::Token, ffi::RemainingArgs args,
+ffi::Error Outfeed(int32_t device_id, ffi::Token, ffi::RemainingArgs args,
                    ffi::Result<ffi::Token>, int64_t site) {
   Spans arrays(args.size());
   if (ffi::Error error = ArgSpans(args, &arrays); error.failure()) return error;
-  return Done(hcb::Hub::Get().Send(ordinal, site, /*request_id=*/0,
+  return Done(hcb::Hub::Get().Send(device_id, site, /*request_id=*/0,
                                    arrays.data(), arrays.size()));
 }
 
 // A call: sends the arguments as a request packet, then waits for the host's
 // reply and writes it into the results (after the token).
-ffi::Error Call(int32_t ordinal, ffi::Token, ffi::RemainingArgs args,
+ffi::Error Call(int32_t device_id, ffi::Token, ffi::RemainingArgs args,
                 ffi::Result<ffi::Token>, ffi::RemainingRets rets,
                 int64_t site) {
   Spans arrays(args.size()), outputs(rets.size());
@@ -69,7 +70,7 @@ ffi::Error Call(int32_t ordinal, ffi::Token, ffi::RemainingArgs args,
     if (buffer.has_error()) return buffer.error();
     outputs.data()[i] = SpanOf(**buffer);
   }
-  return Done(hcb::Hub::Get().Call(ordinal, site, arrays.data(), arrays.size(),
+  return Done(hcb::Hub::Get().Call(device_id, site, arrays.data(), arrays.size(),
                                    outputs.data(), outputs.size()));
 }
 

@@ -77,7 +77,7 @@ Hub& Hub::Get() {
 void Hub::Attach(int64_t max_bytes) {
   max_bytes_.store(max_bytes, std::memory_order_release);
   std::lock_guard<std::mutex> lock(mu_);
-  for (auto& [ordinal, queue] : queues_) {
+  for (auto& [device_id, queue] : queues_) {
     std::lock_guard<std::mutex> queue_lock(queue->mu);
     queue->high_water = queue->bytes;  // statistics start with the receiver
   }
@@ -90,7 +90,7 @@ bool Hub::Detach() {
   attached_.store(false, std::memory_order_seq_cst);
   std::lock_guard<std::mutex> lock(mu_);
   bool pending = !slots_.empty();
-  for (auto& [ordinal, queue] : queues_) {
+  for (auto& [device_id, queue] : queues_) {
     std::lock_guard<std::mutex> queue_lock(queue->mu);
     pending = pending || queue->unread > 0;
     queue->changed.notify_all();
@@ -103,7 +103,7 @@ void Hub::SetRestartHook(RestartHook hook) {
   if (hook != nullptr) return;
   // Wake the devices that wait, so that they fail instead.
   std::lock_guard<std::mutex> lock(mu_);
-  for (auto& [ordinal, queue] : queues_) {
+  for (auto& [device_id, queue] : queues_) {
     std::lock_guard<std::mutex> queue_lock(queue->mu);
     queue->changed.notify_all();
   }
@@ -116,33 +116,33 @@ void Hub::SetRestartHook(RestartHook hook) {
 void Hub::WakeConsumers() {
   wake_generation_.fetch_add(1, std::memory_order_seq_cst);
   std::lock_guard<std::mutex> lock(mu_);
-  for (auto& [ordinal, queue] : queues_) {
+  for (auto& [device_id, queue] : queues_) {
     std::lock_guard<std::mutex> queue_lock(queue->mu);
     queue->not_empty.notify_all();
   }
 }
 
-Status Hub::EnsureReceiver(int64_t ordinal) {
+Status Hub::EnsureReceiver(int64_t device_id) {
   if (attached_.load(std::memory_order_seq_cst)) return Status();
   RestartHook hook = restart_hook_.load(std::memory_order_seq_cst);
   if (hook != nullptr && hook() == 0) return Status();
-  return "host_callback: device " + std::to_string(ordinal) +
+  return "host_callback: device " + std::to_string(device_id) +
          " needs the host_callback receiver, which is stopped and cannot "
          "start again (the interpreter is exiting?)";
 }
 
-DeviceQueue* Hub::Queue(int64_t ordinal) {
-  const bool fast = ordinal >= 0 && ordinal < kFastOrdinals;
+DeviceQueue* Hub::Queue(int64_t device_id) {
+  const bool fast = device_id >= 0 && device_id < kFastDeviceIds;
   if (fast) {
-    if (DeviceQueue* queue = fast_[ordinal].load(std::memory_order_acquire)) {
+    if (DeviceQueue* queue = fast_[device_id].load(std::memory_order_acquire)) {
       return queue;
     }
   }
   std::lock_guard<std::mutex> lock(mu_);
-  auto& entry = queues_[ordinal];
+  auto& entry = queues_[device_id];
   if (entry == nullptr) {
     entry = std::make_unique<DeviceQueue>();
-    if (fast) fast_[ordinal].store(entry.get(), std::memory_order_release);
+    if (fast) fast_[device_id].store(entry.get(), std::memory_order_release);
   }
   return entry.get();
 }
@@ -163,12 +163,12 @@ Chunk* Hub::ChunkWithRoom(DeviceQueue* queue, int64_t size) {
   return queue->chunks.back().get();
 }
 
-Status Hub::Send(int64_t ordinal, int64_t site, int64_t request_id,
+Status Hub::Send(int64_t device_id, int64_t site, int64_t request_id,
                  const Span* arrays, size_t num_arrays) {
   int64_t size = kHeaderBytes;
   for (size_t i = 0; i < num_arrays; ++i) size += AlignUp(arrays[i].bytes);
-  if (Status status = EnsureReceiver(ordinal); !status.empty()) return status;
-  DeviceQueue* queue = Queue(ordinal);
+  if (Status status = EnsureReceiver(device_id); !status.empty()) return status;
+  DeviceQueue* queue = Queue(device_id);
   std::unique_lock<std::mutex> lock = LockSoon(queue->mu);
   // Over the bound, wait for the consumer; a lone packet always fits, so the
   // bytes waiting never exceed the bound plus one packet.
@@ -176,7 +176,7 @@ Status Hub::Send(int64_t ordinal, int64_t site, int64_t request_id,
          queue->bytes + size > max_bytes_.load(std::memory_order_acquire)) {
     if (!attached_.load(std::memory_order_seq_cst)) {
       lock.unlock();
-      if (Status status = EnsureReceiver(ordinal); !status.empty()) {
+      if (Status status = EnsureReceiver(device_id); !status.empty()) {
         return status + " while it waited for room in its full callback "
                         "queue (see JAX_HOST_CALLBACK_MAX_QUEUE_BYTE_SIZE)";
       }
@@ -205,10 +205,10 @@ Status Hub::Send(int64_t ordinal, int64_t site, int64_t request_id,
   if (queue->consumer_sleeping) queue->not_empty.notify_one();
   lock.unlock();
   // A receiver that detached while we pushed may have missed this packet.
-  return EnsureReceiver(ordinal);
+  return EnsureReceiver(device_id);
 }
 
-Status Hub::Call(int64_t ordinal, int64_t site, const Span* arrays,
+Status Hub::Call(int64_t device_id, int64_t site, const Span* arrays,
                  size_t num_arrays, const Span* outputs, size_t num_outputs) {
   ReplySlot slot;
   slot.outputs = outputs;
@@ -223,7 +223,7 @@ Status Hub::Call(int64_t ordinal, int64_t site, const Span* arrays,
     std::lock_guard<std::mutex> lock(mu_);
     slots_.erase(id);  // from here on no replier can reach `slot`
   };
-  if (Status status = Send(ordinal, site, id, arrays, num_arrays);
+  if (Status status = Send(device_id, site, id, arrays, num_arrays);
       !status.empty()) {
     forget();
     return status;
@@ -238,7 +238,7 @@ Status Hub::Call(int64_t ordinal, int64_t site, const Span* arrays,
         std::unique_lock<std::mutex> lock(slot.mu);
         slot.cv.wait_for(lock, kPollInterval, answered);
       }
-      if (!answered() && !(receiver = EnsureReceiver(ordinal)).empty()) break;
+      if (!answered() && !(receiver = EnsureReceiver(device_id)).empty()) break;
     }
   }
   forget();
@@ -253,11 +253,11 @@ Status Hub::Call(int64_t ordinal, int64_t site, const Span* arrays,
   }
 }
 
-int64_t Hub::Take(int64_t ordinal, double timeout_s, uint8_t* dst,
+int64_t Hub::Take(int64_t device_id, double timeout_s, uint8_t* dst,
                   int64_t capacity, IndexEntry* index, int64_t max_packets,
                   int64_t* needed) {
   *needed = 0;
-  DeviceQueue* queue = Queue(ordinal);
+  DeviceQueue* queue = Queue(device_id);
   std::unique_lock<std::mutex> lock = LockSoon(queue->mu);
   if (queue->unread == 0) {
     const int64_t seen = queue->enqueued;
@@ -350,16 +350,16 @@ int64_t Hub::Take(int64_t ordinal, double timeout_s, uint8_t* dst,
   return count;
 }
 
-void Hub::Release(int64_t ordinal, int64_t packets, int64_t bytes) {
-  DeviceQueue* queue = Queue(ordinal);
+void Hub::Release(int64_t device_id, int64_t packets, int64_t bytes) {
+  DeviceQueue* queue = Queue(device_id);
   std::lock_guard<std::mutex> lock(queue->mu);
   queue->finished += packets;
   queue->bytes -= bytes;
   queue->changed.notify_all();
 }
 
-bool Hub::WaitFinished(int64_t ordinal, int64_t target, double timeout_s) {
-  DeviceQueue* queue = Queue(ordinal);
+bool Hub::WaitFinished(int64_t device_id, int64_t target, double timeout_s) {
+  DeviceQueue* queue = Queue(device_id);
   std::unique_lock<std::mutex> lock(queue->mu);
   return queue->changed.wait_for(lock, Seconds(timeout_s), [&] {
     return queue->finished >= target;

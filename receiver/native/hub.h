@@ -122,15 +122,15 @@ class Hub {
   void WakeConsumers();
 
   // The queue of a device, created on first use; never freed.
-  DeviceQueue* Queue(int64_t ordinal);
+  DeviceQueue* Queue(int64_t device_id);
 
   // Device side: copies `arrays` into a new packet on the device's queue,
   // first waiting while the queue is over its bound.
-  Status Send(int64_t ordinal, int64_t site, int64_t request_id,
+  Status Send(int64_t device_id, int64_t site, int64_t request_id,
               const Span* arrays, size_t num_arrays);
   // Device side: sends a call packet, then waits for its reply, written into
   // `outputs`.
-  Status Call(int64_t ordinal, int64_t site, const Span* arrays,
+  Status Call(int64_t device_id, int64_t site, const Span* arrays,
               size_t num_arrays, const Span* outputs, size_t num_outputs);
 
   // Consumer side: copies the next waiting packets, in order, back to back
@@ -138,13 +138,13 @@ class Hub {
   // `max_packets`), waiting up to `timeout_s` for the first. Returns the
   // number of entries; calls whose device gave up are left out. Returns 0
   // with `*needed` set when the next packet is larger than `capacity`.
-  int64_t Take(int64_t ordinal, double timeout_s, uint8_t* dst,
+  int64_t Take(int64_t device_id, double timeout_s, uint8_t* dst,
                int64_t capacity, IndexEntry* index, int64_t max_packets,
                int64_t* needed);
   // Marks consumed packets finished and frees their bytes in the bound.
-  void Release(int64_t ordinal, int64_t packets, int64_t bytes);
+  void Release(int64_t device_id, int64_t packets, int64_t bytes);
   // Waits up to `timeout_s` until `target` packets are finished.
-  bool WaitFinished(int64_t ordinal, int64_t target, double timeout_s);
+  bool WaitFinished(int64_t device_id, int64_t target, double timeout_s);
 
   // Posts the result (or error) of request `request_id`; false if no
   // device waits for it any more.
@@ -157,7 +157,7 @@ class Hub {
   Chunk* ChunkWithRoom(DeviceQueue* queue, int64_t size);
   void Finish(ReplySlot* slot, int state);
   // Empty when a receiver is attached, after calling the hook if needed.
-  Status EnsureReceiver(int64_t ordinal);
+  Status EnsureReceiver(int64_t device_id);
 
   std::atomic<bool> attached_{false};
   std::atomic<RestartHook> restart_hook_{nullptr};
@@ -165,9 +165,9 @@ class Hub {
   std::atomic<int64_t> max_bytes_{256'000'000};
   std::mutex mu_;
   std::unordered_map<int64_t, std::unique_ptr<DeviceQueue>> queues_;
-  // Lock-free lookup for small ordinals; entries are set once under `mu_`.
-  static constexpr int64_t kFastOrdinals = 1024;
-  std::atomic<DeviceQueue*> fast_[kFastOrdinals] = {};
+  // Lock-free lookup for small device ids; entries are set once under `mu_`.
+  static constexpr int64_t kFastDeviceIds = 1024;
+  std::atomic<DeviceQueue*> fast_[kFastDeviceIds] = {};
   std::unordered_map<int64_t, ReplySlot*> slots_;
   int64_t next_request_ = 1;
 };
