@@ -35,8 +35,7 @@ _REQUIRED = {
     _callback: ("emit_python_callback", "_callback_op_sharding"),
     _config: ("bool_state", "int_state", "enum_state",
               "use_shardy_partitioner"),
-    _core: ("physical_aval", "Token", "abstract_token", "ClosedJaxpr", "Var",
-            "new_jaxpr_eqn"),
+    _core: ("physical_aval", "Token", "abstract_token", "Var", "new_jaxpr_eqn"),
     _dispatch: ("apply_primitive", "prim_requires_devices_during_lowering"),
     _effects: ("Effect", "lowerable_effects", "control_flow_allowed_effects",
                "custom_derivatives_allowed_effects", "remat_allowed_effects",
@@ -299,13 +298,15 @@ def scope_eqn(top_jaxpr: Any, primitive: Any, effects: Any) -> Any:
   """`top_jaxpr` (a ClosedJaxpr or a Jaxpr) as one equation of `primitive`,
   whose param `jaxpr` is the original open jaxpr and whose effects are
   `effects`. The equation's inputs are the constvars then the invars."""
-  closed = isinstance(top_jaxpr, _core.ClosedJaxpr)
+  # jax 0.10 has ClosedJaxpr (a jaxpr and its consts); jax 0.12 has not.
+  closed_type = getattr(_core, "ClosedJaxpr", None)
+  closed = closed_type is not None and isinstance(top_jaxpr, closed_type)
   jaxpr = top_jaxpr.jaxpr if closed else top_jaxpr
   outvars = [_core.Var(v.aval) for v in jaxpr.outvars]
   eqn = _core.new_jaxpr_eqn([*jaxpr.constvars, *jaxpr.invars], outvars,
                             primitive, {"jaxpr": jaxpr}, set(effects))
   outer = jaxpr.replace(eqns=[eqn], outvars=outvars, effects=set(effects))
-  return _core.ClosedJaxpr(outer, top_jaxpr.consts) if closed else outer
+  return closed_type(outer, top_jaxpr.consts) if closed else outer
 
 
 def lower_scope_body(ctx: Any, jaxpr: Any, args: Sequence[Any],
