@@ -69,8 +69,13 @@ check_jax()
 # --- Settings (wraps jax._src.config.*_state: jax.config options that also
 # read JAX_* environment variables and absl flags) -----------------------
 
-def bool_setting(name: str, default: bool, help: str) -> Any:
-  return _config.bool_state(name, default, help)
+def bool_setting(name: str, default: bool, help: str,
+                 changes_lowering: bool = False) -> Any:
+  """`changes_lowering`: part of JAX's jit and tracing cache keys, so that a
+  change takes effect at the next call of a jitted function."""
+  return _config.bool_state(name, default, help,
+                            include_in_jit_key=changes_lowering,
+                            include_in_trace_context=changes_lowering)
 
 
 def int_setting(name: str, default: int, help: str) -> Any:
@@ -79,8 +84,10 @@ def int_setting(name: str, default: int, help: str) -> Any:
 
 def enum_setting(name: str, values: Sequence[str], default: str,
                  help: str) -> Any:
+  """A setting that changes the lowering, like `bool_setting`'s."""
   return _config.enum_state(name, list(values), default, help,
-                            include_in_jit_key=True)
+                            include_in_jit_key=True,
+                            include_in_trace_context=True)
 
 
 # --- The ordered effect (wraps jax._src.effects registries) ---------------

@@ -7,6 +7,10 @@ sharded code on the native transport, inside a shard_map where only the
 the local devices that may send, registers the callback site, and calls the
 chosen transport's `emit` (`lowering_native.emit` or `lowering_python.emit`).
 Both thread our ordering token (see `ordering`).
+
+In the synchronous mode (the CPU default, see `settings.outfeed_mode`) a tap
+is emitted as `Kind.TAP_SYNC`: a request that waits for its host function and
+returns the tap's operands, so its outputs come after the function ran.
 """
 
 from __future__ import annotations
@@ -20,10 +24,17 @@ from . import _jax_adapter as adapter
 from . import lowering_native, lowering_python, primitive, runtime, settings
 from ._jax_adapter import mlir
 from .host_functions import HostFunction, Transforms
+from .lowering_kinds import Kind
 
 # The mesh axis of the shard_map that runs the op in sharded jit.
 _AXIS = "host_callback_devices"
 _EMITTERS = {"native": lowering_native.emit, "python": lowering_python.emit}
+
+
+def is_synchronous(ctx: Any) -> bool:
+  """Whether taps wait for their host functions in this lowering."""
+  return not any(settings.outfeed_mode(p)
+                 for p in ctx.module_context.platforms)
 
 
 def transport_for(ctx: Any) -> str:
@@ -54,25 +65,37 @@ def lower(ctx: Any, *operands: Any, function: HostFunction, num_args: int,
   """Lowers a tap or a call with the transport chosen for this lowering."""
   settings.queue_bytes()  # a bad setting fails here, at compile time
   name = transport_for(ctx)
-  args = operands[:num_args]
+  synchronous = is_synchronous(ctx)
   devices = adapter.sharded_devices(ctx)
   if devices is not None and name == "native":
     # A side-effecting custom call that is not one of JAX's own callbacks
     # loses its single-device sharding under Shardy: gather instead.
-    results = _lower_gathered(ctx, *args, devices=devices, function=function,
-                              device_index=device_index, transforms=transforms)
-  else:
-    place = adapter.execution_place(ctx, device_index)
-    producer = runtime.transport(name)
-    _open_devices(producer, place.mesh_devices if place.fixed_device is None
-                  else [place.fixed_device])
-    arg_avals, result_avals = physical_avals(ctx, num_args, function)
-    site = producer.register_site(
-        runtime.register(function, transforms),
-        [_wire_dtype(a.dtype) for a in arg_avals], [a.shape for a in arg_avals])
-    results = _EMITTERS[name](ctx, place, args, arg_avals, result_avals, site,
-                              function.is_call)
-  return list(results) if function.is_call else list(operands)
+    results = _lower_gathered(ctx, *operands, devices=devices,
+                              function=function,
+                              num_args=num_args, device_index=device_index,
+                              transforms=transforms, synchronous=synchronous)
+    return results if function.is_call or synchronous else list(operands)
+
+  place = adapter.execution_place(ctx, device_index)
+  producer = runtime.transport(name)
+  _open_devices(producer, place.mesh_devices if place.fixed_device is None
+                else [place.fixed_device])
+  arg_avals, result_avals = physical_avals(ctx, num_args, function)
+  site = producer.register_site(
+      runtime.register(function, transforms),
+      [_wire_dtype(a.dtype) for a in arg_avals], [a.shape for a in arg_avals])
+  emit = _EMITTERS[name]
+  if function.is_call:
+    return emit(ctx, place, Kind.CALL, operands[:num_args], arg_avals,
+                num_args, result_avals, site)
+  if not synchronous:
+    emit(ctx, place, Kind.TAP, operands[:num_args], arg_avals, num_args, [],
+         site)
+    return list(operands)
+  # The op returns every operand, so that the tap's outputs come after it.
+  operand_avals = [adapter.physical_aval(a) for a in ctx.avals_in]
+  return emit(ctx, place, Kind.TAP_SYNC, operands, operand_avals, num_args,
+              operand_avals, site)
 
 
 def _open_devices(producer: Any, devices: Sequence[Any]) -> None:
@@ -83,20 +106,21 @@ def _open_devices(producer: Any, devices: Sequence[Any]) -> None:
       producer.open_device(device.id)
 
 
-def _lower_gathered(ctx: Any, *args: Any, devices: Sequence[Any],
-                    function: HostFunction, device_index: int,
-                    transforms: Transforms) -> List[Any]:
+def _lower_gathered(ctx: Any, *operands: Any, devices: Sequence[Any],
+                    function: HostFunction, num_args: int, device_index: int,
+                    transforms: Transforms, synchronous: bool) -> List[Any]:
   """Sharded jit: the op inside a shard_map, sending from one device only.
 
   Every device gets the whole value, only the device at `device_index`
   sends it (and, for a call, gets the result, which it then shares with the
-  others).
+  others). A synchronous tap returns its operands from the shard_map, so
+  that its outputs come after it.
   """
   mesh = jax.sharding.Mesh(np.array(devices), (_AXIS,))
   result_avals = function.result_avals if function.is_call else ()
 
   def send(values):
-    return primitive.bind(values, function=function, num_args=len(values),
+    return primitive.bind(values, function=function, num_args=num_args,
                           device_index=0, transforms=transforms)
 
   def skip(values):
@@ -107,19 +131,21 @@ def _lower_gathered(ctx: Any, *args: Any, devices: Sequence[Any],
   def per_device(*values):
     chosen = jax.lax.axis_index(_AXIS) == device_index
     results = jax.lax.cond(chosen, send, skip, list(values))
-    if not function.is_call:
-      return []
-    return [jax.lax.all_gather(r, _AXIS)[device_index] for r in results]
+    if function.is_call:
+      return [jax.lax.all_gather(r, _AXIS)[device_index] for r in results]
+    return results if synchronous else []
 
-  gathered = jax.shard_map(per_device, mesh=mesh,
-                           in_specs=(jax.sharding.PartitionSpec(),) * len(args),
-                           out_specs=jax.sharding.PartitionSpec(),
-                           check_vma=False)
+  gathered = jax.shard_map(
+      per_device, mesh=mesh,
+      in_specs=(jax.sharding.PartitionSpec(),) * len(operands),
+      out_specs=jax.sharding.PartitionSpec(), check_vma=False)
   # Our mesh replaces the user's: drop the avals' shardings.
   unsharded = [jax.core.ShapedArray(a.shape, a.dtype, weak_type=a.weak_type)
-               for a in ctx.avals_in[:len(args)]]
-  arg_ctx = ctx.replace(avals_in=unsharded, avals_out=list(result_avals))
-  results = mlir.lower_fun(gathered, multiple_results=True)(arg_ctx, *args)
+               for a in ctx.avals_in]
+  out_avals = (list(result_avals) if function.is_call
+               else unsharded if synchronous else [])
+  arg_ctx = ctx.replace(avals_in=unsharded, avals_out=out_avals)
+  results = mlir.lower_fun(gathered, multiple_results=True)(arg_ctx, *operands)
   ctx.set_tokens_out(arg_ctx.tokens_out)
   return list(results)
 

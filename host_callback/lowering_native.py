@@ -16,6 +16,7 @@ import jax
 import numpy as np
 
 from . import _jax_adapter as adapter
+from .lowering_kinds import Kind
 from .receiver import transport_native
 
 
@@ -27,23 +28,36 @@ def _register_targets() -> None:
                                 platform="cpu")
 
 
-def emit(ctx: Any, place: adapter.ExecutionPlace, args: Sequence[Any],
-         arg_avals: Sequence[Any], result_avals: Sequence[Any], site: int,
-         is_call: bool) -> List[Any]:
-  """The custom call, on a fixed device or on each device of a shard_map."""
+_TARGETS = {Kind.TAP: transport_native.OUTFEED_TARGET,
+            Kind.TAP_SYNC: transport_native.TAP_SYNC_TARGET,
+            Kind.CALL: transport_native.CALL_TARGET}
+
+
+def emit(ctx: Any, place: adapter.ExecutionPlace, kind: Kind,
+         operands: Sequence[Any], operand_avals: Sequence[Any], num_sent: int,
+         result_avals: Sequence[Any], site: int) -> List[Any]:
+  """The custom call, on a fixed device or on each device of a shard_map.
+
+  It sends `operands[:num_sent]`; a TAP_SYNC's results alias its operands.
+  """
   _register_targets()
   # As for JAX's own callbacks (and so the Python transport): a computation
   # that taps has run when its dispatch returns, so that barrier_wait's
   # markers come after it on the device.
   adapter.run_to_completion_at_dispatch(ctx)
   token_aval = adapter.abstract_token()
-  op_ctx = ctx.replace(avals_in=[token_aval, *arg_avals],
+  op_ctx = ctx.replace(avals_in=[token_aval, *operand_avals],
                        avals_out=[token_aval, *result_avals])
-  target = (transport_native.CALL_TARGET if is_call
-            else transport_native.OUTFEED_TARGET)
-  op = jax.ffi.build_ffi_lowering_function(target, has_side_effect=True)(
-      op_ctx, ctx.tokens_in.get(adapter.host_callback_effect), *args,
-      site=np.int64(site))
+  attributes = {"site": np.int64(site)}
+  lowering_args = {}
+  if kind is Kind.TAP_SYNC:
+    attributes["num_sent"] = np.int64(num_sent)
+    lowering_args["operand_output_aliases"] = {
+        i: i for i in range(1, len(operands) + 1)}
+  op = jax.ffi.build_ffi_lowering_function(
+      _TARGETS[kind], has_side_effect=True, **lowering_args)(
+          op_ctx, ctx.tokens_in.get(adapter.host_callback_effect), *operands,
+          **attributes)
   adapter.set_token_op_sharding(ctx, op, place, result_avals)
   token, *results = op.results
   adapter.thread_token(ctx, token)

@@ -11,6 +11,7 @@ import numpy as np
 from . import _jax_adapter as adapter
 from . import runtime
 from ._jax_adapter import hlo
+from .lowering_kinds import Kind
 
 
 def _device_id_source(place: adapter.ExecutionPlace
@@ -30,24 +31,41 @@ def _device_id_source(place: adapter.ExecutionPlace
           lambda arrays: (int(device_ids[int(arrays[0])]), arrays[1:]))
 
 
-def emit(ctx: Any, place: adapter.ExecutionPlace, args: Sequence[Any],
-         arg_avals: Sequence[Any], result_avals: Sequence[Any], site: int,
-         is_call: bool) -> List[Any]:
-  """A Python callback that sends (tap) or requests (call) on the device."""
+def emit(ctx: Any, place: adapter.ExecutionPlace, kind: Kind,
+         operands: Sequence[Any], operand_avals: Sequence[Any], num_sent: int,
+         result_avals: Sequence[Any], site: int) -> List[Any]:
+  """A Python callback that sends `operands[:num_sent]` on the device; a
+  CALL returns the host's reply, a TAP_SYNC its operands once replied."""
   extra, extra_avals, decode = _device_id_source(place)
   transport = runtime.transport("python")
 
-  if is_call:
+  if kind is Kind.TAP:
     def host_side(*arrays):
       device_id, values = decode(arrays)
-      return tuple(transport.request(device_id, site, values))
-  else:
-    def host_side(*arrays):
-      device_id, values = decode(arrays)
-      transport.send(device_id, site, values)
+      transport.send(device_id, site, values[:num_sent])
       return ()
+  elif kind is Kind.CALL:
+    def host_side(*arrays):
+      device_id, values = decode(arrays)
+      return tuple(transport.request(device_id, site, values[:num_sent]))
+  else:
+    # float0 values (no data) pass by, as JAX's callbacks cannot return them.
+    returned = [i for i, a in enumerate(operand_avals)
+                if a.dtype != jax.dtypes.float0]
+    result_avals = [operand_avals[i] for i in returned]
+
+    def host_side(*arrays):
+      device_id, values = decode(arrays)
+      transport.request(device_id, site, values[:num_sent])
+      return tuple(values[i] for i in returned)
 
   results = adapter.emit_python_callback(
-      ctx, host_side, [*extra, *args], [*extra_avals, *arg_avals],
+      ctx, host_side, [*extra, *operands], [*extra_avals, *operand_avals],
       result_avals, adapter.op_sharding(ctx, place, result_avals))
-  return adapter.replicate_results(ctx, results, result_avals)
+  results = adapter.replicate_results(ctx, results, result_avals)
+  if kind is not Kind.TAP_SYNC:
+    return results
+  outputs = list(operands)
+  for i, result in zip(returned, results):
+    outputs[i] = result
+  return outputs

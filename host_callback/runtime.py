@@ -57,9 +57,11 @@ def transports() -> Dict[str, Transport]:
 
 def register(function: HostFunction, transforms: Transforms) -> int:
   """The consumer id for `function` under `transforms`."""
+  context = ("" if function.is_call else
+             f"host_callback.id_tap: the tap function {function.name}")
   return _runtime.registry.register(
       (function, transforms),
-      make_consumer(function, transforms, device_by_id))
+      make_consumer(function, transforms, device_by_id), context)
 
 
 def run_inline(function: HostFunction, transforms: Transforms,

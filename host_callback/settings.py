@@ -51,9 +51,18 @@ transport = adapter.enum_setting(
     "CPU).")
 
 outfeed = adapter.bool_setting(
-    "jax_host_callback_outfeed", True,
-    "Legacy switch: False selects the 'python' transport when "
-    "jax_host_callback_transport is 'auto'.")
+    "jax_host_callback_outfeed", False,
+    "On CPU, use the outfeed mode: taps do not wait for their host functions, "
+    "and barrier_wait() is how a program waits. By default (False) a tap's "
+    "outputs are produced after its host function returned, as with the "
+    "original's CPU default. GPU and TPU always use the outfeed mode.",
+    changes_lowering=True)
+
+
+def outfeed_mode(platform: str) -> bool:
+  """Whether taps on `platform` are asynchronous (as in the original:
+  always on GPU and TPU, and on CPU with jax_host_callback_outfeed)."""
+  return platform != "cpu" or outfeed.value
 
 
 def queue_bytes() -> int:
@@ -81,8 +90,6 @@ def transport_name(native_available: bool) -> str:
   """The transport to use on CPU: 'native' or 'python'."""
   chosen = transport.value
   if chosen == "auto":
-    if not outfeed.value:
-      return "python"
     if not native_available:
       _warn_native_missing()
       return "python"

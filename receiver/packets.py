@@ -32,7 +32,13 @@ class Reply:
     self._arrays = arrays
     self._done.set()
 
-  def set_error(self, error: BaseException) -> None:
+  def set_error(self, error: BaseException, context: str = "") -> None:
+    """The device fails with `error`; `context` (e.g. which host function
+    raised it) prefixes its message."""
+    if context:
+      raised = RuntimeError(f"{context} raised {type(error).__name__}: {error}")
+      raised.__cause__ = error
+      error = raised
     self._error = error
     self._done.set()
 

@@ -89,7 +89,7 @@ class Receiver:
     except BaseException as error:  # pylint: disable=broad-except
       self._errors.record(error)
       if packet.reply is not None:
-        packet.reply.set_error(error)
+        packet.reply.set_error(error, self._registry.context(packet.consumer_id))
       return
     if packet.reply is not None:
       packet.reply.set_result(result if result is not None else ())

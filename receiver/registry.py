@@ -23,15 +23,25 @@ class ConsumerRegistry:
     self._lock = threading.Lock()
     self._ids: Dict[Hashable, int] = {}
     self._consumers: List[Consumer] = []
+    self._contexts: List[str] = []
 
-  def register(self, key: Hashable, consumer: Consumer) -> int:
-    """Returns the id of `key`, registering `consumer` under it if new."""
+  def register(self, key: Hashable, consumer: Consumer,
+               context: str = "") -> int:
+    """Returns the id of `key`, registering `consumer` under it if new.
+
+    `context` names the consumer in the error of a device that waits for it
+    (empty when the consumer's own errors say it).
+    """
     with self._lock:
       consumer_id = self._ids.get(key)
       if consumer_id is None:
         consumer_id = self._ids[key] = len(self._consumers)
         self._consumers.append(consumer)
+        self._contexts.append(context)
       return consumer_id
 
   def get(self, consumer_id: int) -> Consumer:
     return self._consumers[consumer_id]
+
+  def context(self, consumer_id: int) -> str:
+    return self._contexts[consumer_id]

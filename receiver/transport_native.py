@@ -34,6 +34,7 @@ ABI_VERSION = 3
 # Names of the FFI targets, as registered with XLA by the JAX side.
 OUTFEED_TARGET = "host_callback_outfeed"
 CALL_TARGET = "host_callback_call"
+TAP_SYNC_TARGET = "host_callback_tap_sync"
 # A batch taken from a queue holds at most this many packets and bytes (but
 # at least one packet): small batches keep the objects alive at once, and so
 # the work of Python's garbage collector, small.
@@ -111,7 +112,8 @@ def ffi_handlers() -> Dict[str, ctypes._CFuncPtr]:
   The JAX side wraps each with `jax.ffi.pycapsule` and registers it for CPU.
   """
   assert _lib is not None, "the native transport is not built"
-  return {OUTFEED_TARGET: _lib.HcbOutfeed, CALL_TARGET: _lib.HcbCall}
+  return {OUTFEED_TARGET: _lib.HcbOutfeed, CALL_TARGET: _lib.HcbCall,
+          TAP_SYNC_TARGET: _lib.HcbTapSync}
 
 
 # --- Callback sites: what a packet's bytes mean --------------------------
@@ -179,10 +181,14 @@ class _Reply:
     sizes = struct.pack(f"{len(blobs)}q", *map(len, blobs))
     _lib.hcb_reply(self._request_id, len(blobs), sizes, b"".join(blobs))
 
-  def set_error(self, error: BaseException) -> None:
+  def set_error(self, error: BaseException, context: str = "") -> None:
     """Makes the waiting device computation fail with `error`'s message."""
     assert _lib is not None
     message = str(error) if error.args else type(error).__name__
+    if not message.startswith("host_callback"):  # ours name their cause
+      message = f"{type(error).__name__}: {message}"
+    if context:
+      message = f"{context} raised {message}"
     _lib.hcb_reply_error(self._request_id,
                          message.encode("utf-8", "backslashreplace"))
 

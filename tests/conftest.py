@@ -1,4 +1,8 @@
-"""Test set-up: 4 CPU devices, and every test run on each available transport."""
+"""Test set-up: 4 CPU devices, and every test run on each available transport.
+
+Tests run in the outfeed mode (asynchronous taps) unless they choose a mode;
+modules that use the `both_modes` fixture run in both modes.
+"""
 
 import os
 
@@ -15,9 +19,18 @@ from host_callback import runtime  # noqa: E402
 def transport(request):
   """Runs the test with `jax_host_callback_transport` set to each transport."""
   jax.config.update("jax_host_callback_transport", request.param)
+  jax.config.update("jax_host_callback_outfeed", True)
   yield request.param
   try:
     hcb.barrier_wait("test teardown")
   except hcb.CallbackException:
     pass  # a test that expected an exception may leave one behind
   jax.config.update("jax_host_callback_transport", "auto")
+
+
+@pytest.fixture(params=["outfeed", "synchronous"])
+def both_modes(request, transport):
+  """Runs the test in the outfeed mode and in the synchronous mode."""
+  del transport  # set first
+  jax.config.update("jax_host_callback_outfeed", request.param == "outfeed")
+  yield request.param

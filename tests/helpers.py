@@ -96,20 +96,26 @@ def print_blocks(text: str, lines_per_block: int) -> List[str]:
           for i in range(0, len(lines), lines_per_block)]
 
 
-def run_python(code: str, env: Optional[Dict[str, str]] = None,
+def run_python(code: str, env: Optional[Dict[str, Optional[str]]] = None,
                transport: Optional[str] = None,
                timeout: float = SUBPROCESS_TIMEOUT
                ) -> subprocess.CompletedProcess:
   """Runs `code` in a fresh interpreter; returns the finished process.
 
-  The child inherits XLA_FLAGS (4 CPU devices) and uses `transport`.
+  The child inherits XLA_FLAGS (4 CPU devices), uses `transport` and the
+  outfeed mode; `env` adds variables, or removes those it maps to None.
   """
   child_env = dict(os.environ)
   child_env.pop("JAX_HOST_CALLBACK_INLINE", None)
   child_env.pop("JAX_HOST_CALLBACK_MAX_QUEUE_BYTE_SIZE", None)
+  child_env["JAX_HOST_CALLBACK_OUTFEED"] = "1"  # as the tests' own default
   if transport is not None:
     child_env["JAX_HOST_CALLBACK_TRANSPORT"] = transport
-  child_env.update(env or {})
+  for name, value in (env or {}).items():
+    if value is None:
+      child_env.pop(name, None)
+    else:
+      child_env[name] = value
   return subprocess.run(
       [sys.executable, "-c", textwrap.dedent(code)], env=child_env,
       capture_output=True, text=True, timeout=timeout, check=False)

@@ -1,12 +1,16 @@
 """Taps keep the device's execution order in every control-flow construct."""
 
 import jax
+import pytest
 import jax.numpy as jnp
 import numpy as np
 from jax import lax
 
 import host_callback as hcb
 from helpers import Recorder
+
+# Every test here runs in the outfeed and in the synchronous mode.
+pytestmark = pytest.mark.usefixtures("both_modes")
 
 
 def tagged(recorder, tag, arg, **kwargs):

@@ -12,6 +12,9 @@ from jax.experimental import io_callback
 import host_callback as hcb
 from helpers import Recorder
 
+# Every test here runs in the outfeed and in the synchronous mode.
+pytestmark = pytest.mark.usefixtures("both_modes")
+
 
 def _executable_effects(compiled):
   """The JAX effects of a compiled executable (what decides whether JAX's

@@ -17,6 +17,9 @@ from jax.sharding import Mesh, NamedSharding, PartitionSpec as P
 import host_callback as hcb
 from helpers import captured_stdout, device_str, print_blocks
 
+# Every test here runs in the outfeed and in the synchronous mode.
+pytestmark = pytest.mark.usefixtures("both_modes")
+
 f32 = jnp.float32
 i32 = jnp.int32
 X = 3.  # the golden cases' x
@@ -284,7 +287,11 @@ def test_control_flow_golden_pmap_of_call_with_device():
   assert stream.getvalue().endswith("result: [0 6]\n")
 
 
-def test_control_flow_golden_tap_raising_between_prints():
+def test_control_flow_golden_tap_raising_between_prints(both_modes):
+  """The original ran this case in its outfeed mode only: in the synchronous
+  mode a tap that raises fails the computation (tests/test_modes.py)."""
+  if both_modes == "synchronous":
+    pytest.skip("a raising tap fails the computation in the synchronous mode")
   stream = io.StringIO()
 
   def tap_raises(arg, transforms):

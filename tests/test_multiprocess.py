@@ -17,7 +17,10 @@ def _free_port() -> int:
 
 def _run_two_processes(transport):
   port = str(_free_port())
-  env = {**os.environ, "JAX_HOST_CALLBACK_TRANSPORT": transport}
+  # The outfeed mode: the worker's last tap raises, which in the synchronous
+  # mode would fail one process's part of a computation the other waits on.
+  env = {**os.environ, "JAX_HOST_CALLBACK_TRANSPORT": transport,
+         "JAX_HOST_CALLBACK_OUTFEED": "1"}
   env.pop("XLA_FLAGS", None)
   processes = [subprocess.Popen([sys.executable, WORKER, str(i), port],
                                 stdout=subprocess.PIPE, stderr=subprocess.PIPE,

@@ -11,6 +11,9 @@ from jax import lax
 import host_callback as hcb
 from helpers import Recorder, assert_tree_equal, batch
 
+# Every test here runs in the outfeed and in the synchronous mode.
+pytestmark = pytest.mark.usefixtures("both_modes")
+
 # --- vmap ------------------------------------------------------------------
 
 

@@ -4,7 +4,9 @@
     python -m tools.bench --write docs    # also write docs/benchmarks.md (+ plot)
     python -m tools.bench --quick         # smaller sizes, for a smoke test
 
-Each row times one scenario for host_callback on every available transport and
+Rows run in the outfeed mode (asynchronous taps) unless they say
+"synchronous" (the CPU default). Each row times one scenario for
+host_callback on every available transport and
 for `jax.debug.callback`, `jax.experimental.io_callback(ordered=True)` and, for
 calls, `jax.pure_callback`; ratios are `baseline time / host_callback time`
 (above 1: host_callback is faster). Times are the median of `--repeat` runs
@@ -188,14 +190,30 @@ def _with_transport(name: str, measure: Callable[[], float]) -> float:
     jax.config.update("jax_host_callback_transport", "auto")
 
 
+def _synchronous(measure: Callable[[], float]) -> Callable[[], float]:
+  """`measure`, run in the synchronous mode (the CPU default)."""
+  def run() -> float:
+    jax.config.update("jax_host_callback_outfeed", False)
+    try:
+      return measure()
+    finally:
+      jax.config.update("jax_host_callback_outfeed", True)
+  return run
+
+
 def collect(quick: bool, repeat: int) -> List[Row]:
   transports = runtime.available_transports()
   scale = 10 if quick else 1
   rows: List[Row] = []
 
+  # Rows are in the outfeed mode unless they say "synchronous".
+  jax.config.update("jax_host_callback_outfeed", True)
+
   def add(scenario: str, unit: str, ours: Callable[[Callable], float],
-          baselines: Dict[str, Callable], factory: Callable) -> None:
-    values = {f"hcb[{t}]": _with_transport(t, lambda: ours(factory))
+          baselines: Dict[str, Callable], factory: Callable,
+          synchronous: bool = False) -> None:
+    mode = _synchronous if synchronous else (lambda measure: measure)
+    values = {f"hcb[{t}]": _with_transport(t, mode(lambda: ours(factory)))
               for t in transports}
     for name, baseline in baselines.items():
       values[name] = ours(baseline)
@@ -204,6 +222,9 @@ def collect(quick: bool, repeat: int) -> List[Row]:
   add("jitted step with one tap, per call from a Python loop", "µs",
       lambda make: 1e6 * _step_time(make(_noop), repeat),
       {**NOTHING, **TAPPERS}, _tap_hcb)
+  add("jitted step with one tap, per call from a Python loop (synchronous)",
+      "µs", lambda make: 1e6 * _step_time(make(_noop), repeat),
+      {**NOTHING, **TAPPERS}, _tap_hcb, synchronous=True)
   add("jitted step with one call x+1, per call from a Python loop", "µs",
       lambda make: 1e6 * _step_time(make(lambda a: a + 1), repeat),
       {**NOTHING, **CALLERS}, _call_hcb)
@@ -213,6 +234,10 @@ def collect(quick: bool, repeat: int) -> List[Row]:
         lambda make, i=index: 1e6 * _scan_times(make(_noop), steps,
                                                 jnp.float32(0), repeat)[i],
         TAPPERS, _tap_hcb)
+  add(f"tap f32 scalar, per step of a {steps}-step scan (synchronous)", "µs",
+      lambda make: 1e6 * _scan_times(make(_noop), steps, jnp.float32(0),
+                                     repeat)[0], TAPPERS, _tap_hcb,
+      synchronous=True)
   steps = 10_000 // scale
   add(f"tap f32[1000], per step of a {steps}-step scan (until drained)", "µs",
       lambda make: 1e6 * _scan_times(make(_noop), steps, jnp.zeros(1000),
@@ -228,6 +253,10 @@ def collect(quick: bool, repeat: int) -> List[Row]:
         lambda make, i=index: 1e3 * _slow_consumer_times(make(_sleep_1ms), taps,
                                                          repeat)[i],
         TAPPERS, _tap_hcb)
+  add(f"{taps} taps with a 1 ms consumer: jitted call returns (synchronous)",
+      "ms", lambda make: 1e3 * _slow_consumer_times(make(_sleep_1ms), taps,
+                                                    repeat)[0],
+      TAPPERS, _tap_hcb, synchronous=True)
   steps = 10_000 // scale
   plus_one = lambda a: a + 1  # noqa: E731
   add(f"call x+1, per step of a {steps}-step scan", "µs",

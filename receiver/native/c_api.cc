@@ -14,7 +14,7 @@ hcb::Hub& hub() { return hcb::Hub::Get(); }
 }  // namespace
 
 // Bumped whenever a signature below changes.
-HCB_EXPORT int64_t hcb_abi_version() { return 3; }
+HCB_EXPORT int64_t hcb_abi_version() { return 4; }
 
 HCB_EXPORT void hcb_attach(int64_t max_bytes) { hub().Attach(max_bytes); }
 
@@ -26,6 +26,10 @@ HCB_EXPORT void hcb_set_restart_hook(hcb::RestartHook hook) {
 }
 
 HCB_EXPORT void hcb_wake_consumers() { hub().WakeConsumers(); }
+
+HCB_EXPORT void hcb_set_direct_runner(hcb::DirectRunner runner) {
+  hub().SetDirectRunner(runner);
+}
 
 HCB_EXPORT void hcb_release(int64_t device_id, int64_t packets, int64_t bytes) {
   hub().Release(device_id, packets, bytes);

@@ -74,12 +74,33 @@ ffi::Error Call(int32_t device_id, ffi::Token, ffi::RemainingArgs args,
                                    outputs.data(), outputs.size()));
 }
 
+// A synchronous tap: sends the first `num_sent` arguments as a request, then
+// waits for the host function to return. The results alias the arguments
+// (XLA passes them through), so the tap's outputs come after its function.
+ffi::Error TapSync(int32_t device_id, ffi::Token, ffi::RemainingArgs args,
+                   ffi::Result<ffi::Token>, ffi::RemainingRets, int64_t site,
+                   int64_t num_sent) {
+  if (num_sent < 0 || static_cast<size_t>(num_sent) > args.size()) {
+    return ffi::Error(ffi::ErrorCode::kInvalidArgument,
+                      "host_callback: num_sent is out of range");
+  }
+  Spans arrays(static_cast<size_t>(num_sent));
+  for (size_t i = 0; i < arrays.size(); ++i) {
+    auto buffer = args.get<ffi::AnyBuffer>(i);
+    if (buffer.has_error()) return buffer.error();
+    arrays.data()[i] = SpanOf(*buffer);
+  }
+  return Done(hcb::Hub::Get().Call(device_id, site, arrays.data(),
+                                   arrays.size(), nullptr, 0));
+}
+
 }  // namespace
 
 // Exported for ctypes (the library is built with hidden visibility).
 #define HCB_HANDLER extern "C" __attribute__((visibility("default")))
 HCB_HANDLER XLA_FFI_Error* HcbOutfeed(XLA_FFI_CallFrame* call_frame);
 HCB_HANDLER XLA_FFI_Error* HcbCall(XLA_FFI_CallFrame* call_frame);
+HCB_HANDLER XLA_FFI_Error* HcbTapSync(XLA_FFI_CallFrame* call_frame);
 
 XLA_FFI_DEFINE_HANDLER_SYMBOL(HcbOutfeed, Outfeed,
                               ffi::Ffi::Bind()
@@ -97,3 +118,13 @@ XLA_FFI_DEFINE_HANDLER_SYMBOL(HcbCall, Call,
                                   .Ret<ffi::Token>()
                                   .RemainingRets()
                                   .Attr<int64_t>("site"));
+
+XLA_FFI_DEFINE_HANDLER_SYMBOL(HcbTapSync, TapSync,
+                              ffi::Ffi::Bind()
+                                  .Ctx<ffi::DeviceOrdinal>()
+                                  .Arg<ffi::Token>()
+                                  .RemainingArgs()
+                                  .Ret<ffi::Token>()
+                                  .RemainingRets()
+                                  .Attr<int64_t>("site")
+                                  .Attr<int64_t>("num_sent"));

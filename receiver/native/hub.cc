@@ -122,6 +122,25 @@ void Hub::WakeConsumers() {
   }
 }
 
+void Hub::SetDirectRunner(DirectRunner runner) {
+  direct_runner_.store(runner, std::memory_order_seq_cst);
+}
+
+bool Hub::BeginDirect(DeviceQueue* queue) {
+  std::lock_guard<std::mutex> lock(queue->mu);
+  // Finished counts lag until the consumer's next Take: a consumer between
+  // batches still counts as busy, so order with queued packets holds.
+  if (queue->direct_busy || queue->enqueued != queue->finished) return false;
+  queue->direct_busy = true;
+  return true;
+}
+
+void Hub::EndDirect(DeviceQueue* queue) {
+  std::lock_guard<std::mutex> lock(queue->mu);
+  queue->direct_busy = false;
+  queue->not_empty.notify_all();
+}
+
 Status Hub::EnsureReceiver(int64_t device_id) {
   if (attached_.load(std::memory_order_seq_cst)) return Status();
   RestartHook hook = restart_hook_.load(std::memory_order_seq_cst);
@@ -210,6 +229,29 @@ Status Hub::Send(int64_t device_id, int64_t site, int64_t request_id,
 
 Status Hub::Call(int64_t device_id, int64_t site, const Span* arrays,
                  size_t num_arrays, const Span* outputs, size_t num_outputs) {
+  DirectRunner runner = direct_runner_.load(std::memory_order_seq_cst);
+  DeviceQueue* queue = Queue(device_id);
+  if (runner != nullptr && BeginDirect(queue)) {
+    std::vector<void*> args(num_arrays), results(num_outputs);
+    std::vector<int64_t> arg_bytes(num_arrays), result_bytes(num_outputs);
+    for (size_t i = 0; i < num_arrays; ++i) {
+      args[i] = arrays[i].data;
+      arg_bytes[i] = arrays[i].bytes;
+    }
+    for (size_t i = 0; i < num_outputs; ++i) {
+      results[i] = outputs[i].data;
+      result_bytes[i] = outputs[i].bytes;
+    }
+    char error[4096] = {0};
+    const int done = runner(device_id, site, args.data(), arg_bytes.data(),
+                            static_cast<int64_t>(num_arrays), results.data(),
+                            result_bytes.data(),
+                            static_cast<int64_t>(num_outputs), error,
+                            sizeof(error) - 1);
+    EndDirect(queue);
+    if (done == 0) return Status();
+    if (done == 1) return Status(error);
+  }
   ReplySlot slot;
   slot.outputs = outputs;
   slot.num_outputs = num_outputs;
@@ -259,7 +301,7 @@ int64_t Hub::Take(int64_t device_id, double timeout_s, uint8_t* dst,
   *needed = 0;
   DeviceQueue* queue = Queue(device_id);
   std::unique_lock<std::mutex> lock = LockSoon(queue->mu);
-  if (queue->unread == 0) {
+  if (queue->unread == 0 || queue->direct_busy) {
     const int64_t seen = queue->enqueued;
     const int64_t generation = wake_generation_.load(std::memory_order_seq_cst);
     auto woken = [&] {
@@ -272,10 +314,10 @@ int64_t Hub::Take(int64_t device_id, double timeout_s, uint8_t* dst,
     lock.lock();
     queue->consumer_sleeping = true;
     queue->not_empty.wait_for(lock, Seconds(timeout_s), [&] {
-      return queue->unread > 0 || woken();
+      return (queue->unread > 0 && !queue->direct_busy) || woken();
     });
     queue->consumer_sleeping = false;
-    if (queue->unread == 0) return 0;
+    if (queue->unread == 0 || queue->direct_busy) return 0;
   }
   // Under the lock, only find the byte ranges of whole packets: the device
   // no longer touches them, so they are copied after unlocking.

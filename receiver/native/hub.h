@@ -79,6 +79,9 @@ struct DeviceQueue {
   int64_t unread = 0;                 // bytes pushed, not yet taken
   std::vector<std::unique_ptr<Chunk>> spare;  // read chunks kept for reuse
   bool consumer_sleeping = false;
+  // A host function runs on the device thread (Hub::Call's direct path): the
+  // consumer takes nothing meanwhile.
+  bool direct_busy = false;
   int64_t bytes = 0;                  // pushed and not yet released
   int64_t high_water = 0;
   int64_t enqueued = 0;               // packets ever pushed
@@ -103,6 +106,17 @@ constexpr int kPending = 0, kDone = 1, kFailed = 2;
 // once one is attached.
 using RestartHook = int (*)();
 
+// Runs a request's host function on the device thread (Python, through
+// ctypes, which takes the GIL): the arguments' data and sizes, and where the
+// results go. Returns 0 when done, 1 on error (with a message in `error`,
+// `error_capacity` bytes), 2 when it cannot, so the request is handed to the
+// receiver thread instead.
+using DirectRunner = int (*)(int64_t device_id, int64_t site,
+                             void* const* args, const int64_t* arg_bytes,
+                             int64_t num_args, void* const* results,
+                             const int64_t* result_bytes, int64_t num_results,
+                             char* error, int64_t error_capacity);
+
 // The process-wide state. `mu_` guards `queues_`, `slots_` and `next_request_`.
 class Hub {
  public:
@@ -120,6 +134,9 @@ class Hub {
   void SetRestartHook(RestartHook hook);
   // Wakes every consumer waiting in Take, so that it re-checks its stop flag.
   void WakeConsumers();
+  // With a runner, a request whose device has nothing queued runs its host
+  // function on the device thread instead of a round trip to the receiver.
+  void SetDirectRunner(DirectRunner runner);
 
   // The queue of a device, created on first use; never freed.
   DeviceQueue* Queue(int64_t device_id);
@@ -158,9 +175,14 @@ class Hub {
   void Finish(ReplySlot* slot, int state);
   // Empty when a receiver is attached, after calling the hook if needed.
   Status EnsureReceiver(int64_t device_id);
+  // Claims the device for a direct run when nothing is queued or being
+  // consumed; false otherwise.
+  bool BeginDirect(DeviceQueue* queue);
+  void EndDirect(DeviceQueue* queue);
 
   std::atomic<bool> attached_{false};
   std::atomic<RestartHook> restart_hook_{nullptr};
+  std::atomic<DirectRunner> direct_runner_{nullptr};
   std::atomic<int64_t> wake_generation_{0};
   std::atomic<int64_t> max_bytes_{256'000'000};
   std::mutex mu_;

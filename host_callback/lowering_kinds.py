@@ -1,0 +1,16 @@
+"""What a host_callback op does on the device, as both transports emit it."""
+
+import enum
+
+
+class Kind(enum.Enum):
+  """The three ops a transport emits.
+
+  TAP: sends the arguments and goes on (the outfeed mode).
+  TAP_SYNC: sends the arguments, waits until the host function returned, and
+    returns all its operands unchanged (the synchronous mode).
+  CALL: sends the arguments, waits for the host's result and returns it.
+  """
+  TAP = "tap"
+  TAP_SYNC = "tap_sync"
+  CALL = "call"

@@ -1,0 +1,125 @@
+"""The two modes of `jax_host_callback_outfeed`: synchronous (the CPU
+default, as the original's CustomCall mode) and outfeed (asynchronous)."""
+
+import time
+
+import jax
+import jax.numpy as jnp
+import pytest
+
+import host_callback as hcb
+from helpers import Recorder, run_python
+
+
+def _slow_append(log):
+  def tap(arg, transforms):
+    del transforms
+    time.sleep(0.2)
+    log.append(int(arg))
+  return tap
+
+
+def test_the_cpu_default_is_synchronous(transport):
+  done = run_python("""
+      import time, jax, jax.numpy as jnp
+      import host_callback as hcb
+      from host_callback import settings
+      log = []
+      tap = lambda a, t: (time.sleep(.3), log.append(int(a)))
+      jax.jit(lambda x: hcb.id_tap(tap, x, result=x + 1))(jnp.int32(1))
+      print(log, settings.outfeed_mode("cpu"), settings.outfeed_mode("gpu"),
+            settings.outfeed_mode("tpu"))
+      """, env={"JAX_HOST_CALLBACK_OUTFEED": None}, transport=transport)
+  assert done.stdout.splitlines() == ["[1] False True True"], done.stderr
+
+
+@pytest.mark.parametrize("outfeed", [False, True])
+def test_jitted_and_eager_taps_have_run_when_the_call_returns(outfeed):
+  jax.config.update("jax_host_callback_outfeed", outfeed)
+  log = []
+  f = jax.jit(lambda x: hcb.id_tap(_slow_append(log), x, result=x + 1))
+  assert int(f(jnp.int32(1)).block_until_ready()) == 2
+  hcb.id_tap(_slow_append(log), jnp.int32(2))
+  if outfeed:
+    assert log != [1, 2]  # still running on the receiver thread
+  else:
+    assert log == [1, 2]
+  hcb.barrier_wait()
+  assert log == [1, 2]
+
+
+def test_synchronous_taps_keep_program_order_in_control_flow():
+  jax.config.update("jax_host_callback_outfeed", False)
+  log = []
+
+  def tap(tag):
+    return lambda v: hcb.id_tap(lambda a, _: log.append((tag, int(a))), v)
+
+  @jax.jit
+  def f(x):
+    x = jax.lax.while_loop(lambda v: tap("pred")(v) < 2,
+                           lambda v: tap("body")(v) + 1, x)
+    x = jax.lax.cond(x > 0, tap("cond_true"), tap("cond_false"), x)
+    return jax.lax.scan(lambda c, _: (tap("scan")(c) + 1, None), x, None,
+                        length=2)[0]
+
+  assert int(f(jnp.int32(0))) == 4
+  assert log == [("pred", 0), ("body", 0), ("pred", 1), ("body", 1),
+                 ("pred", 2), ("cond_true", 2), ("scan", 2), ("scan", 3)]
+
+
+@pytest.mark.parametrize("outfeed", [False, True])
+def test_tap_outputs_come_after_the_tap_function_when_synchronous(outfeed):
+  """A value computed from a tap's output (by a callback that our token does
+  not order) sees what the tap function did, in the synchronous mode."""
+  jax.config.update("jax_host_callback_outfeed", outfeed)
+  state = []
+
+  @jax.jit
+  def f(x):
+    y = hcb.id_tap(_slow_append(state), x)
+    z = hcb.id_tap(_slow_append(state), x, result=x * 2)
+    return jax.pure_callback(lambda *_: jnp.int32(len(state)),
+                             jax.ShapeDtypeStruct((), jnp.int32), y, z)
+
+  seen = int(f(jnp.int32(7)))
+  hcb.barrier_wait()
+  assert state == [7, 7]
+  assert seen == (0 if outfeed else 2)
+
+
+def test_synchronous_tap_function_that_raises_fails_the_computation():
+  jax.config.update("jax_host_callback_outfeed", False)
+
+  def broken_tap(arg, transforms):
+    raise ValueError("boom")
+
+  with pytest.raises(Exception, match="broken_tap") as info:
+    jax.jit(lambda x: hcb.id_tap(broken_tap, x) + 1)(1).block_until_ready()
+  assert "ValueError: boom" in str(info.value)
+  with pytest.raises(hcb.CallbackException) as raised:
+    hcb.barrier_wait()
+  assert isinstance(raised.value.__cause__, ValueError)
+  assert int(jax.jit(lambda x: hcb.id_tap(lambda a, t: None, x) + 1)(1)) == 2
+
+
+def test_mode_switch_takes_effect_at_the_next_compilation():
+  log = []
+  f = jax.jit(lambda x: hcb.id_tap(_slow_append(log), x))
+  jax.config.update("jax_host_callback_outfeed", True)
+  f(jnp.int32(1)).block_until_ready()
+  assert log == []
+  hcb.barrier_wait()
+  jax.config.update("jax_host_callback_outfeed", False)
+  f(jnp.int32(2)).block_until_ready()
+  assert log == [1, 2]
+
+
+def test_synchronous_mode_keeps_device_index_and_pmap_devices():
+  jax.config.update("jax_host_callback_outfeed", False)
+  recorder = Recorder()
+  out = jax.pmap(lambda x: hcb.id_tap(recorder, x * 2, tap_with_device=True))(
+      jnp.arange(4))
+  assert [int(v) for v in out] == [0, 2, 4, 6]
+  assert sorted((d.id, int(a)) for a, _, d in recorder.calls) == [
+      (d.id, 2 * i) for i, d in enumerate(jax.devices()[:4])]
