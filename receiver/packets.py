@@ -16,6 +16,22 @@ class ReceiverStopped(RuntimeError):
   """Raised to a sender that needs a receiver when none can start."""
 
 
+def error_message(error: BaseException, context: str) -> str:
+  """What a device that waited for a host function fails with."""
+  message = str(error) if error.args else type(error).__name__
+  if not message.startswith("host_callback"):  # ours name their cause
+    message = f"{type(error).__name__}: {message}"
+  return f"{context} raised {message}" if context else message
+
+
+class DirectRunError(Exception):
+  """A host function run on the device thread raised; the message is what
+  the device fails with."""
+
+  def __init__(self, error: BaseException, context: str) -> None:
+    super().__init__(error_message(error, context))
+
+
 class Reply:
   """The slot where the host puts the result of one `call` request.
 
@@ -36,7 +52,7 @@ class Reply:
     """The device fails with `error`; `context` (e.g. which host function
     raised it) prefixes its message."""
     if context:
-      raised = RuntimeError(f"{context} raised {type(error).__name__}: {error}")
+      raised = RuntimeError(error_message(error, context))
       raised.__cause__ = error
       error = raised
     self._error = error

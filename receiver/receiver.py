@@ -33,6 +33,20 @@ def in_consumer_thread() -> bool:
   return getattr(_consumer_threads, "active", False)
 
 
+class consumer_thread:  # pylint: disable=invalid-name
+  """Marks the calling thread as running host functions meanwhile (a
+  context manager; a class, as it runs for every direct host function)."""
+
+  __slots__ = ("_previous",)
+
+  def __enter__(self) -> None:
+    self._previous = in_consumer_thread()
+    _consumer_threads.active = True
+
+  def __exit__(self, *exc_info: object) -> None:
+    _consumer_threads.active = self._previous
+
+
 class Receiver:
   """Consumes the packets of every device queue of the given transports.
 

@@ -5,10 +5,13 @@ from __future__ import annotations
 import atexit
 import os
 import threading
-from typing import Callable, Dict, Mapping, Optional
+from typing import Callable, Dict, List, Mapping, Optional, Sequence
+
+import numpy as np
 
 from .errors import ErrorLog
-from .receiver import Receiver
+from .receiver import Receiver, consumer_thread
+from .packets import DirectRunError
 from .registry import ConsumerRegistry
 from .transport import Transport
 
@@ -66,6 +69,8 @@ class Runtime:
         transports = dict(self._make_transports())
         for transport in transports.values():
           transport.set_restart_hook(self.receiver)
+          if hasattr(transport, "set_direct_runner"):
+            transport.set_direct_runner(self.run_direct)
         self._transports = transports
       return self._transports
 
@@ -84,6 +89,17 @@ class Runtime:
           atexit.register(self._at_exit)
           self._at_exit_registered = True
       return self._receiver
+
+  def run_direct(self, consumer_id: int, device_id: int,
+                 arrays: List[np.ndarray]) -> Optional[Sequence[np.ndarray]]:
+    """Runs a consumer on the calling device thread, as its receiver thread
+    would: an error is recorded, then raised as `DirectRunError`."""
+    with consumer_thread():
+      try:
+        return self.registry.get(consumer_id)(arrays, device_id)
+      except BaseException as error:  # pylint: disable=broad-except
+        self.errors.record(error)
+        raise DirectRunError(error, self.registry.context(consumer_id)) from error
 
   def running_receiver(self) -> Optional[Receiver]:
     return self._receiver

@@ -17,20 +17,22 @@ from __future__ import annotations
 import collections
 import ctypes
 import dataclasses
+import functools
 import importlib.machinery
 import itertools
 import os
 import struct
 import sys
 import threading
-from typing import Callable, Deque, Dict, List, Optional, Sequence, Tuple
+from typing import (Any, Callable, Deque, Dict, List, Optional, Sequence,
+                    Tuple)
 
 import numpy as np
 
-from .packets import POLL_SECONDS, Packet
+from .packets import POLL_SECONDS, DirectRunError, Packet, error_message
 from .transport import QueueStats
 
-ABI_VERSION = 3
+ABI_VERSION = 4
 # Names of the FFI targets, as registered with XLA by the JAX side.
 OUTFEED_TARGET = "host_callback_outfeed"
 CALL_TARGET = "host_callback_call"
@@ -50,6 +52,14 @@ _i64 = ctypes.c_int64
 _p_i64 = ctypes.POINTER(ctypes.c_int64)
 # `int hook(void)`: ctypes takes the GIL when a device thread calls it.
 _RESTART_HOOK = ctypes.CFUNCTYPE(ctypes.c_int)
+_p_void = ctypes.POINTER(ctypes.c_void_p)
+# Hub's DirectRunner (see hub.h): device id, site, argument pointers, sizes
+# and count, result pointers, sizes and count, error buffer and its size.
+_DIRECT_RUNNER = ctypes.CFUNCTYPE(
+    ctypes.c_int, _i64, _i64, _p_void, _p_i64, _i64, _p_void, _p_i64, _i64,
+    ctypes.c_void_p, _i64)
+# What a direct runner returns (see hub.h).
+_DIRECT_DONE, _DIRECT_FAILED, _DIRECT_DECLINED = 0, 1, 2
 
 
 def _align(n: int) -> int:
@@ -76,6 +86,7 @@ def _load() -> Optional[ctypes.CDLL]:
       "hcb_detach": ([], ctypes.c_int),
       "hcb_set_restart_hook": ([_RESTART_HOOK], None),
       "hcb_wake_consumers": ([], None),
+      "hcb_set_direct_runner": ([_DIRECT_RUNNER], None),
       "hcb_release": ([_i64, _i64, _i64], None),
       "hcb_open_device": ([_i64], None),
       "hcb_take": ([_i64, ctypes.c_double, ctypes.c_void_p, _i64,
@@ -125,6 +136,7 @@ class _Column:
   dtype: np.dtype
   shape: Tuple[int, ...]
   strides: Tuple[int, ...]
+  nbytes: int
 
 
 @dataclasses.dataclass(frozen=True)
@@ -156,8 +168,9 @@ def register_site(consumer_id: int, dtypes: Sequence[np.dtype],
     for dtype, shape in zip(key[1], key[2]):
       strides = tuple(int(np.prod(shape[i + 1:], dtype=np.int64)) * dtype.itemsize
                       for i in range(len(shape)))
-      columns.append(_Column(offset, dtype, shape, strides))
-      offset += _align(dtype.itemsize * int(np.prod(shape, dtype=np.int64)))
+      nbytes = dtype.itemsize * int(np.prod(shape, dtype=np.int64))
+      columns.append(_Column(offset, dtype, shape, strides, nbytes))
+      offset += _align(nbytes)
     site_id = _site_ids[key] = len(_sites)
     _sites.append(_Site(consumer_id, tuple(columns), offset))
     return site_id
@@ -184,11 +197,7 @@ class _Reply:
   def set_error(self, error: BaseException, context: str = "") -> None:
     """Makes the waiting device computation fail with `error`'s message."""
     assert _lib is not None
-    message = str(error) if error.args else type(error).__name__
-    if not message.startswith("host_callback"):  # ours name their cause
-      message = f"{type(error).__name__}: {message}"
-    if context:
-      message = f"{context} raised {message}"
+    message = error_message(error, context)
     _lib.hcb_reply_error(self._request_id,
                          message.encode("utf-8", "backslashreplace"))
 
@@ -268,6 +277,7 @@ class NativeTransport:
     self._listener: Optional[Callable[[int], None]] = None
     self._max_bytes = 0
     self._restart_hook: Optional[ctypes._CFuncPtr] = None  # kept alive
+    self._direct_runner: Optional[ctypes._CFuncPtr] = None  # kept alive
 
   # --- Producer: what the lowering uses ---
 
@@ -306,6 +316,15 @@ class NativeTransport:
   def clear_restart_hook(self) -> None:
     assert _lib is not None
     _lib.hcb_set_restart_hook(_RESTART_HOOK())
+    _lib.hcb_set_direct_runner(_DIRECT_RUNNER())
+
+  def set_direct_runner(self, run: DirectRun) -> None:
+    """Lets a device whose queue is idle run a request's host function on
+    its own thread: `run(consumer_id, device_id, arrays)` returns the results
+    or raises `DirectRunError`."""
+    assert _lib is not None
+    self._direct_runner = _DIRECT_RUNNER(functools.partial(_run_direct, run))
+    _lib.hcb_set_direct_runner(self._direct_runner)
 
   def attach(self, max_bytes: int, listener: Callable[[int], None]) -> None:
     assert _lib is not None
@@ -372,6 +391,42 @@ class NativeTransport:
     bytes_waiting, packets_waiting, high_water, _ = self._stats(device_id)
     return QueueStats(bytes_waiting, packets_waiting, high_water,
                       self._max_bytes)
+
+
+DirectRun = Callable[[int, int, List[np.ndarray]], Optional[Sequence[np.ndarray]]]
+
+
+def _run_direct(run: DirectRun, device_id: int, site_id: int, args: Any,
+                arg_bytes: Any, num_args: int, results: Any, result_bytes: Any,
+                num_results: int, error: int, error_capacity: int) -> int:
+  """Hub's DirectRunner: copies the arguments into arrays the host function
+  owns, runs it, and writes its results into the device's buffers."""
+  try:
+    site = _sites[site_id]
+    arrays = []
+    for i, column in enumerate(site.columns):
+      if arg_bytes[i] != column.nbytes:
+        return _DIRECT_DECLINED  # a layout this decoder does not know
+      # A writable copy that the host function owns.
+      data = bytearray(ctypes.string_at(args[i], column.nbytes))
+      arrays.append(np.frombuffer(data, column.dtype).reshape(column.shape))
+    try:
+      outputs = run(site.consumer_id, device_id, arrays) or ()
+    except DirectRunError as failure:
+      message = str(failure).encode("utf-8", "backslashreplace")
+      ctypes.memmove(error, message, min(len(message), error_capacity))
+      return _DIRECT_FAILED
+    if len(outputs) != num_results:
+      return _DIRECT_DECLINED
+    for i, output in enumerate(outputs):
+      output = np.ascontiguousarray(output)
+      if output.nbytes != result_bytes[i]:
+        return _DIRECT_DECLINED  # the receiver thread reports the mismatch
+      if output.nbytes:
+        ctypes.memmove(results[i], output.ctypes.data, output.nbytes)
+    return _DIRECT_DONE
+  except BaseException:  # pylint: disable=broad-except
+    return _DIRECT_DECLINED
 
 
 def _decode(data: np.ndarray, rows: List[List[int]], device_id: int

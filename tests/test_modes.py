@@ -5,6 +5,7 @@ import time
 
 import jax
 import jax.numpy as jnp
+import numpy as np
 import pytest
 
 import host_callback as hcb
@@ -123,3 +124,40 @@ def test_synchronous_mode_keeps_device_index_and_pmap_devices():
   assert [int(v) for v in out] == [0, 2, 4, 6]
   assert sorted((d.id, int(a)) for a, _, d in recorder.calls) == [
       (d.id, 2 * i) for i, d in enumerate(jax.devices()[:4])]
+
+
+@pytest.mark.parametrize("outfeed", [False, True])
+def test_a_call_never_overtakes_the_taps_before_it(outfeed):
+  """A request may run its host function on the device thread, but only once
+  the taps queued before it on the device have run."""
+  jax.config.update("jax_host_callback_outfeed", outfeed)
+  seen = []
+
+  def slow(arg, transforms):
+    del transforms
+    time.sleep(0.001)
+    seen.append(int(arg))
+
+  @jax.jit
+  def f(x):
+    x = jax.lax.fori_loop(0, 50, lambda i, v: hcb.id_tap(slow, v + 1), x)
+    return hcb.call(lambda _: np.int32(len(seen)), x, result_shape=x)
+
+  assert int(f(jnp.int32(0))) == 50
+  assert seen == list(range(1, 51))
+
+
+@pytest.mark.parametrize("outfeed", [False, True])
+def test_host_function_running_jax_with_calls_on_its_device(outfeed,
+                                                            transport):
+  if transport != "native":
+    pytest.skip("the python transport hands every request to the receiver "
+                "thread, which is busy running the outer host function")
+  jax.config.update("jax_host_callback_outfeed", outfeed)
+  inner = jax.jit(lambda x: hcb.call(lambda a: a * 10, x, result_shape=x))
+
+  def host(a):
+    return np.float32(inner(jnp.float32(a)).item() + 1)
+
+  assert float(jax.jit(lambda x: hcb.call(host, x, result_shape=x))(
+      jnp.float32(2))) == 21.0

@@ -128,17 +128,41 @@ void Hub::SetDirectRunner(DirectRunner runner) {
 
 bool Hub::BeginDirect(DeviceQueue* queue) {
   std::lock_guard<std::mutex> lock(queue->mu);
+  const std::thread::id me = std::this_thread::get_id();
+  if (queue->direct_depth > 0 && queue->direct_owner != me) return false;
   // Finished counts lag until the consumer's next Take: a consumer between
   // batches still counts as busy, so order with queued packets holds.
-  if (queue->direct_busy || queue->enqueued != queue->finished) return false;
+  if (queue->enqueued != queue->finished) return false;
+  if (queue->direct_depth++ == 0) queue->direct_owner = me;
   queue->direct_busy = true;
   return true;
 }
 
-void Hub::EndDirect(DeviceQueue* queue) {
+bool Hub::SuspendDirect(DeviceQueue* queue) {
   std::lock_guard<std::mutex> lock(queue->mu);
+  if (queue->direct_depth == 0 ||
+      queue->direct_owner != std::this_thread::get_id() ||
+      !queue->direct_busy) {
+    return false;
+  }
   queue->direct_busy = false;
   queue->not_empty.notify_all();
+  return true;
+}
+
+void Hub::ResumeDirect(DeviceQueue* queue) {
+  std::lock_guard<std::mutex> lock(queue->mu);
+  queue->direct_busy = true;
+}
+
+void Hub::EndDirect(DeviceQueue* queue) {
+  std::lock_guard<std::mutex> lock(queue->mu);
+  if (--queue->direct_depth > 0) return;
+  queue->direct_busy = false;
+  // Wake the consumer only for packets that arrived meanwhile.
+  if (queue->unread > 0 && queue->consumer_sleeping) {
+    queue->not_empty.notify_all();
+  }
 }
 
 Status Hub::EnsureReceiver(int64_t device_id) {
@@ -252,6 +276,14 @@ Status Hub::Call(int64_t device_id, int64_t site, const Span* arrays,
     if (done == 0) return Status();
     if (done == 1) return Status(error);
   }
+  struct Suspension {  // lets the consumer answer a nested request
+    Hub* hub;
+    DeviceQueue* queue;
+    bool active;
+    ~Suspension() {
+      if (active) hub->ResumeDirect(queue);
+    }
+  } suspension{this, queue, SuspendDirect(queue)};
   ReplySlot slot;
   slot.outputs = outputs;
   slot.num_outputs = num_outputs;

@@ -21,6 +21,7 @@
 #include <memory>
 #include <mutex>
 #include <string>
+#include <thread>
 #include <unordered_map>
 #include <vector>
 
@@ -79,9 +80,12 @@ struct DeviceQueue {
   int64_t unread = 0;                 // bytes pushed, not yet taken
   std::vector<std::unique_ptr<Chunk>> spare;  // read chunks kept for reuse
   bool consumer_sleeping = false;
-  // A host function runs on the device thread (Hub::Call's direct path): the
-  // consumer takes nothing meanwhile.
+  // Host functions run on a device thread (Hub::Call's direct path), nested
+  // `direct_depth` deep in `direct_owner`: the consumer takes nothing while
+  // `direct_busy`, unless the owner waits for the consumer (nested request).
   bool direct_busy = false;
+  int direct_depth = 0;
+  std::thread::id direct_owner;
   int64_t bytes = 0;                  // pushed and not yet released
   int64_t high_water = 0;
   int64_t enqueued = 0;               // packets ever pushed
@@ -179,6 +183,11 @@ class Hub {
   // consumed; false otherwise.
   bool BeginDirect(DeviceQueue* queue);
   void EndDirect(DeviceQueue* queue);
+  // While a direct run's own thread waits for the consumer (a host function
+  // that runs JAX code with a request on its device), the consumer may take.
+  // Returns whether it changed anything, for ResumeDirect.
+  bool SuspendDirect(DeviceQueue* queue);
+  void ResumeDirect(DeviceQueue* queue);
 
   std::atomic<bool> attached_{false};
   std::atomic<RestartHook> restart_hook_{nullptr};
