@@ -20,6 +20,10 @@ using Clock = std::chrono::steady_clock;
 // futex wake-up costs more than a packet.
 constexpr auto kConsumerSpin = std::chrono::microseconds(20);
 constexpr auto kReplySpin = std::chrono::microseconds(50);
+// A sleeping consumer is woken by a tap only this often, or when this many
+// bytes wait (see DeviceQueue::last_wake).
+constexpr auto kWakeInterval = std::chrono::milliseconds(2);
+constexpr int64_t kWakeBytes = 1 << 20;
 // Packets are written into chunks of this size (or one packet's size).
 constexpr int64_t kChunkBytes = 1 << 20;
 // Read chunks kept per device for reuse.
@@ -226,6 +230,7 @@ Status Hub::Send(int64_t device_id, int64_t site, int64_t request_id,
       lock.lock();
       continue;
     }
+    queue->not_empty.notify_one();  // the consumer frees the room
     queue->changed.wait_for(lock, kPollInterval);
   }
   Chunk* chunk = ChunkWithRoom(queue, size);
@@ -245,7 +250,14 @@ Status Hub::Send(int64_t device_id, int64_t site, int64_t request_id,
   queue->high_water = std::max(queue->high_water, queue->bytes);
   ++queue->enqueued;
   queue->pushed.store(queue->enqueued, std::memory_order_release);
-  if (queue->consumer_sleeping) queue->not_empty.notify_one();
+  if (queue->consumer_sleeping) {
+    const auto now = Clock::now();
+    if (request_id != 0 || queue->unread >= kWakeBytes ||
+        now - queue->last_wake >= kWakeInterval) {
+      queue->last_wake = now;
+      queue->not_empty.notify_one();
+    }
+  }
   lock.unlock();
   // A receiver that detached while we pushed may have missed this packet.
   return EnsureReceiver(device_id);
@@ -435,6 +447,7 @@ void Hub::Release(int64_t device_id, int64_t packets, int64_t bytes) {
 bool Hub::WaitFinished(int64_t device_id, int64_t target, double timeout_s) {
   DeviceQueue* queue = Queue(device_id);
   std::unique_lock<std::mutex> lock(queue->mu);
+  if (queue->unread > 0) queue->not_empty.notify_all();  // taps may not have
   return queue->changed.wait_for(lock, Seconds(timeout_s), [&] {
     return queue->finished >= target;
   });

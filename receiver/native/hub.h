@@ -80,6 +80,10 @@ struct DeviceQueue {
   int64_t unread = 0;                 // bytes pushed, not yet taken
   std::vector<std::unique_ptr<Chunk>> spare;  // read chunks kept for reuse
   bool consumer_sleeping = false;
+  // When a tap last woke the consumer: taps wake it at most every
+  // kWakeInterval (or when kWakeBytes wait), as each wake-up costs the device
+  // more than a packet; requests and waits for the consumer always wake it.
+  std::chrono::steady_clock::time_point last_wake;
   // Host functions run on a device thread (Hub::Call's direct path), nested
   // `direct_depth` deep in `direct_owner`: the consumer takes nothing while
   // `direct_busy`, unless the owner waits for the consumer (nested request).
