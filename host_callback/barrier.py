@@ -20,6 +20,7 @@ import collections
 import functools
 import logging
 import threading
+import time
 from typing import Any, Dict, Optional, Tuple
 
 import jax
@@ -31,9 +32,11 @@ from .receiver import in_consumer_thread
 
 logger = logging.getLogger("host_callback")
 _POLL_SECONDS = 0.05
-# Marker rounds before the barrier gives up waiting for a quiet one (another
-# thread may be tapping without pause).
-_MAX_ROUNDS = 20
+# After taps arrived that the markers did not account for, the barrier waits
+# for marker rounds that stay quiet this long; it gives up after this many
+# rounds (another thread may be tapping without pause).
+_SETTLE_SECONDS = 0.02
+_MAX_ROUNDS = 500
 
 # (transport name, device id)
 _Key = Tuple[str, int]
@@ -111,6 +114,17 @@ def _wait_for_live_arrays() -> None:
     pass  # a failed computation reports its error through its outputs
 
 
+def _run_marker(marker: Any, x: jax.Array) -> None:
+  """Runs a marker; Ctrl-C while a Python-transport marker waits inside
+  JAX's callback comes back as JAX's callback error: raise it as itself."""
+  try:
+    marker(x)
+  except Exception as error:  # pylint: disable=broad-except
+    if "KeyboardInterrupt" in str(error):
+      raise KeyboardInterrupt from error
+    raise
+
+
 def _marker_round() -> bool:
   """Puts a marker on every open local device queue and waits for all.
 
@@ -126,16 +140,14 @@ def _marker_round() -> bool:
     if not device_ids:
       continue
     marker = _marker_computation(name)
-    # A synchronous native marker is a request: it wakes the consumer at
-    # once, and on an idle queue runs on the dispatching thread. A Python
-    # one would wait inside JAX's callback, where Ctrl-C cannot reach the
-    # barrier: it is a plain tap.
-    with settings.transport(name), settings.outfeed(name != "native"):
+    # A synchronous marker is a request: it wakes the consumer at once, and
+    # on an idle native queue runs on the dispatching thread.
+    with settings.transport(name), settings.outfeed(False):
       for device_id in device_ids:
         key = (name, device_id)
         sent_before[key] = transport.packets_sent(device_id)
         targets[key] = _markers.next_target(key)
-        marker(_marker_input(local[device_id]))
+        _run_marker(marker, _marker_input(local[device_id]))
   _round.ran_here = None
   _markers.wait(targets)
   # A marker that ran here was not queued; one handed off was.
@@ -147,16 +159,20 @@ def _wait_for_devices() -> None:
   """Waits until every callback of the computations dispatched so far ran.
 
   One quiet marker round suffices when nothing else arrives; after packets
-  did arrive, two in a row are needed, since stragglers may still follow.
+  did arrive, quiet rounds for _SETTLE_SECONDS are needed, since stragglers
+  may still follow.
   """
   _wait_for_live_arrays()
-  quiet_rounds_needed = 1
+  busy, quiet_since = False, None
   for _ in range(_MAX_ROUNDS):
+    started = time.monotonic()
     if not _marker_round():
-      quiet_rounds_needed = 2
+      busy, quiet_since = True, None
       continue
-    quiet_rounds_needed -= 1
-    if not quiet_rounds_needed:
+    if not busy:
+      break
+    quiet_since = started if quiet_since is None else quiet_since
+    if time.monotonic() - quiet_since >= _SETTLE_SECONDS:
       break
   runtime.wait_released()
 
