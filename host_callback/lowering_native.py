@@ -1,7 +1,8 @@
 """Emits a tap or a call for the native transport: an XLA FFI custom call.
 
-A tap becomes `host_callback_outfeed(token, *args) -> token`, a `call`
-becomes `host_callback_call(token, *args) -> (token, *results)`; the token is
+A tap becomes `host_callback_outfeed(token, *args) -> token`, a synchronous
+tap `host_callback_tap_sync(token, *operands) -> (token, *operands)` (aliased),
+a `call` `host_callback_call(token, *args) -> (token, *results)`; the token is
 our ordering token, so XLA keeps them in program order on each device. The
 handlers read the executing device from the FFI device ordinal, which on CPU
 is the `jax.Device.id` of the device.

@@ -98,7 +98,7 @@ class PythonTransport:
 
   def clear_restart_hook(self) -> None:
     self._restart = None
-    self._wake_senders()
+    self.wake_all()  # waiting senders give up
 
   def attach(self, max_bytes: int, listener: Callable[[int], None]) -> None:
     with self._lock:
@@ -118,9 +118,6 @@ class PythonTransport:
     return any(queue.packets_unread for queue in queues)
 
   def wake_all(self) -> None:
-    self._wake_senders()
-
-  def _wake_senders(self) -> None:
     with self._lock:
       queues = list(self._queues.values())
     for queue in queues:
