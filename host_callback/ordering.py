@@ -17,9 +17,9 @@ device run in dispatch order, which keeps taps ordered across them.
 
 from __future__ import annotations
 
-from typing import Any, List
+from typing import Any, Iterator, List
 
-from jax.extend.core import Primitive
+from jax.extend.core import Primitive, jaxprs_in_params
 
 from . import _jax_adapter as adapter
 from ._jax_adapter import mlir
@@ -49,8 +49,33 @@ def _lower(ctx: Any, *args: Any, jaxpr: Any) -> List[Any]:
 mlir.register_lowering(host_callback_scope_p, _lower, cacheable=False)
 
 
-def _has_our_effect(top_jaxpr: Any) -> bool:
+def _needs_scope(top_jaxpr: Any) -> bool:
+  """Whether `top_jaxpr` has our effect; raises when some of its taps could
+  not be ordered."""
+  _check_threadable(getattr(top_jaxpr, "jaxpr", top_jaxpr))
   return _EFFECT in top_jaxpr.effects
+
+
+def _effect_dropping_primitives(jaxpr: Any) -> Iterator[str]:
+  """Names of the higher-order primitives in `jaxpr` that hold our effect in
+  a body but not on their own equation: JAX gives them no token for it, so
+  their body's taps cannot be ordered (e.g. `pallas_call`)."""
+  for eqn in jaxpr.eqns:
+    for body in jaxprs_in_params(eqn.params):
+      if _EFFECT in body.effects and _EFFECT not in eqn.effects:
+        yield str(eqn.primitive)
+      else:
+        yield from _effect_dropping_primitives(body)
+
+
+def _check_threadable(jaxpr: Any) -> None:
+  dropping = sorted(set(_effect_dropping_primitives(jaxpr)))
+  if dropping:
+    raise NotImplementedError(
+        f"host_callback: id_tap, id_print or call inside `{dropping[0]}` "
+        "cannot be kept in order: JAX does not thread an effect's token "
+        f"into the body of `{dropping[0]}`. Move the tap or call outside "
+        f"of `{dropping[0]}`, or use jax.debug.callback there.")
 
 
 def _scoped(top_jaxpr: Any) -> Any:
@@ -60,4 +85,4 @@ def _scoped(top_jaxpr: Any) -> Any:
                            _other_effects(jaxpr))
 
 
-adapter.install_top_level_rewrite(_scoped, _has_our_effect)
+adapter.install_top_level_rewrite(_scoped, _needs_scope)

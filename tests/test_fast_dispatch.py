@@ -126,6 +126,27 @@ def test_order_through_every_construct():
     assert log == expected
 
 
+def test_a_primitive_that_cannot_thread_the_token_is_named_in_the_error():
+  """pallas_call gives its body no effect tokens: a tap there is refused at
+  compile time with the primitive's name, before anything runs."""
+  from jax.experimental import pallas as pl  # pylint: disable=import-outside-toplevel
+  recorder = Recorder()
+
+  def kernel(x_ref, o_ref):
+    o_ref[...] = hcb.id_tap(recorder, x_ref[...]) + 1
+
+  def f(x):
+    return pl.pallas_call(kernel, out_shape=jax.ShapeDtypeStruct(x.shape, x.dtype),
+                          interpret=True)(x)
+
+  with pytest.raises(NotImplementedError,
+                     match=r"inside `pallas_call` cannot be kept in order.*"
+                           r"Move the tap or call outside of `pallas_call`"):
+    jax.jit(f)(jnp.arange(4.))
+  hcb.barrier_wait()
+  assert recorder.args == []
+
+
 def test_barrier_covers_computations_dispatched_by_another_thread():
   recorder = Recorder()
   step = jax.jit(lambda x: hcb.call(lambda v: v + 1, hcb.id_tap(
