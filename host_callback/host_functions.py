@@ -35,9 +35,11 @@ class CallError(RuntimeError):
   """A `call`'s host function raised, or returned a value of the wrong kind."""
 
 
-def unpack_transforms(transforms: Transforms) -> Tuple[Tuple[str, dict], ...]:
-  """The `transforms` argument a tap function receives."""
-  return tuple((name, dict(params)) for name, params in transforms)
+def unpack_transforms(transforms: Transforms) -> Tuple[Tuple[Any, ...], ...]:
+  """The `transforms` argument a tap function receives, as the original's:
+  `(name, params)`, or `(name,)` for an entry without params."""
+  return tuple((name, dict(params)) if params else (name,)
+               for name, params in transforms)
 
 
 def _describe(dtype: Any, shape: Sequence[int]) -> str:

@@ -82,13 +82,23 @@ def _jvp(primals, tangents, *, function: HostFunction, **params):
 ad.primitive_jvps[host_callback_p] = _jvp
 
 
-# --- transpose: a tap is the identity; cotangents pass through ------------
+# --- transpose: a tap of linear values taps their cotangents -------------
 
-def _transpose(cotangents, *operands, function: HostFunction, **_):
+_TRANSPOSE = ("transpose", ())
+
+
+def _transpose(cotangents, *operands, function: HostFunction, num_args: int,
+               device_index: int, transforms: Transforms):
+  """As the original: a tap applied to linear values (e.g. tangents inside a
+  custom_jvp rule) sends the cotangents of all its operands, with
+  ("transpose",) appended to `transforms`, and passes them through."""
   if function.is_call:
     raise NotImplementedError("host_callback.call cannot be transposed")
+  cotangents = [ad.instantiate_zeros(ct) for ct in cotangents]
+  passed = bind(cotangents, function=function, num_args=num_args,
+                device_index=device_index, transforms=transforms + (_TRANSPOSE,))
   return [ct if ad.is_undefined_primal(x) else None
-          for ct, x in zip(cotangents, operands)]
+          for ct, x in zip(passed, operands)]
 
 
 ad.primitive_transposes[host_callback_p] = _transpose

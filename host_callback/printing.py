@@ -117,13 +117,13 @@ def value_doc(value: Any, threshold: Optional[int]) -> Doc:
 _print_lock = threading.Lock()
 
 
-def header_line(kwargs: Dict[str, Any], transforms: Sequence[Tuple[str, Any]],
+def header_line(kwargs: Dict[str, Any], transforms: Sequence[Tuple[Any, ...]],
                 device: Any) -> str:
   """`k1: v1 k2: v2` with keys sorted, or '' when there is nothing to say."""
   fields = dict(kwargs)
   if transforms:
-    fields["transforms"] = [(name, params) if params else name
-                            for name, params in transforms]
+    fields["transforms"] = [entry if len(entry) > 1 else entry[0]
+                            for entry in transforms]
   if device is not None:
     fields["device"] = device
   return " ".join(f"{k}: {v}" for k, v in sorted(fields.items()))
@@ -144,7 +144,7 @@ class Printer:
     else:
       print(line)
 
-  def __call__(self, arg: Any, transforms: Sequence[Tuple[str, Any]], *,
+  def __call__(self, arg: Any, transforms: Sequence[Tuple[Any, ...]], *,
                device: Any = None) -> None:
     header = header_line(self.kwargs, transforms, device)
     text = render(value_doc(arg, self.threshold))

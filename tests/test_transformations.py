@@ -9,7 +9,7 @@ import pytest
 from jax import lax
 
 import host_callback as hcb
-from helpers import Recorder, assert_tree_equal, batch
+from helpers import Recorder, assert_tree_equal, batch, captured_stdout
 
 # Every test here runs in the outfeed and in the synchronous mode.
 pytestmark = pytest.mark.usefixtures("both_modes")
@@ -367,3 +367,46 @@ def test_custom_jvp_tapping_float0_tangent_of_integer():
   assert (float(y), int(n), float(y_dot)) == (3., 4, .5)
   assert n_dot.dtype == jax.dtypes.float0
   assert_tree_equal(rec.args, [(np.float32(.5), np.zeros((), bool))])
+
+
+def _x_times_x_with_tapped_tangent(tap_tangent):
+  """f(x) = x * x whose custom_jvp rule taps its tangent (linear in x_dot)."""
+  @jax.custom_jvp
+  def f(x):
+    return x * hcb.id_print(x, what="x")
+
+  @f.defjvp
+  def f_jvp(primals, tangents):
+    (x,), (x_dot,) = primals, tangents
+    return f(x), 3. * x * tap_tangent(x_dot)
+
+  return f
+
+
+@pytest.mark.parametrize("jit", [False, True])
+def test_grad_transposes_a_tap_of_tangents(jit):
+  """The spec's example: under grad, the tap of x_dot in the custom_jvp rule
+  prints the cotangent, with ('transpose',) in transforms, once per step."""
+  f = _x_times_x_with_tapped_tangent(
+      lambda t: hcb.id_print(t, what="x_dot"))
+
+  def loss(xs):
+    return lax.scan(lambda c, x: (c + f(x), None), 0., xs)[0]
+
+  grad = jax.jit(jax.grad(loss)) if jit else jax.grad(loss)
+  with captured_stdout() as out:
+    g = grad(jnp.array([0.7, 0.7]))
+  np.testing.assert_allclose(g, [2.1, 2.1], rtol=1e-6)
+  assert out.getvalue() == ("what: x\n0.7\n" * 2 +
+                            "transforms: ['transpose'] what: x_dot\n2.1\n" * 2)
+
+
+def test_transposed_tap_receives_cotangents_and_passes_them_through():
+  rec = Recorder()
+  f = _x_times_x_with_tapped_tangent(lambda t: hcb.id_tap(rec, t))
+  _, pullback = jax.vjp(f, 2.)
+  (x_bar,) = pullback(5.)
+  hcb.barrier_wait()
+  assert float(x_bar) == 3. * 2. * 5.
+  assert rec.args == [np.float32(5. * 3. * 2.)]
+  assert rec.transforms == [(("transpose",),)]
