@@ -147,12 +147,18 @@ def execution_place(ctx: Any, device_index: int) -> ExecutionPlace:
   if not devices:
     raise ValueError("host_callback: JAX did not provide the device "
                      "assignment while lowering the computation")
-  if not 0 <= device_index < len(devices):
+  check_device_index(device_index, len(devices))
+  return ExecutionPlace(devices[device_index])
+
+
+def check_device_index(device_index: int, num_devices: int) -> None:
+  """Raises ValueError unless `device_index` names one of the computation's
+  `num_devices` devices."""
+  if not 0 <= device_index < num_devices:
     raise ValueError(
         f"host_callback: device_index={device_index} is out of range for a "
-        f"computation on {len(devices)} device(s); use 0 to "
-        f"{len(devices) - 1}")
-  return ExecutionPlace(devices[device_index])
+        f"computation on {num_devices} device(s); use 0 to "
+        f"{num_devices - 1}")
 
 
 def op_sharding(ctx: Any, place: ExecutionPlace, avals_out: Sequence[Any]) -> Any:

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import operator
 import warnings
 from typing import Any, Callable, Dict, Optional, TextIO, Tuple
 
@@ -44,12 +45,21 @@ def _flatten_arg(arg: Any, api: str) -> tuple[list, Any]:
   return leaves, treedef
 
 
-def _check_device_index(device_index: int, api: str) -> None:
+def _device_index(device_index: Any, api: str) -> int:
+  """`device_index` as an int (NumPy integers too), checked against the
+  process's devices; the computation's are checked when it is lowered."""
+  try:
+    index = operator.index(device_index)
+  except TypeError:
+    raise TypeError(
+        f"host_callback.{api}: device_index must be an int, got "
+        f"{type(device_index).__name__}: {device_index!r}") from None
   count = jax.device_count()
-  if not isinstance(device_index, int) or not 0 <= device_index < count:
+  if not 0 <= index < count:
     raise ValueError(
-        f"host_callback.{api}: device_index={device_index!r} is out of range; "
+        f"host_callback.{api}: device_index={index} is out of range; "
         f"there are {count} device(s), so use 0 to {count - 1}")
+  return index
 
 
 def _ignore_callback_flavor(kwargs: dict, api: str) -> None:
@@ -93,7 +103,7 @@ def id_tap(tap_func: Callable[..., Any], arg: Any, *, result: Any = None,
         "``functools.partial(tap_func, **kwargs)``. Got unexpected keyword "
         f"arguments: {sorted(kwargs)}")
   _check_callable(tap_func, "tap_func", "id_tap")
-  _check_device_index(device_index, "id_tap")
+  device_index = _device_index(device_index, "id_tap")
   arg_leaves, arg_treedef = _flatten_arg(arg, "id_tap")
   result_leaves, result_treedef = jax.tree_util.tree_flatten(result)
   function = HostFunction(tap_func, arg_treedef, with_device=tap_with_device,
@@ -187,7 +197,7 @@ def call(callback_func: Callable[..., Any], arg: Any, *,
     raise TypeError(
         f"host_callback.call got unexpected keyword arguments: {sorted(kwargs)}")
   _check_callable(callback_func, "callback_func", "call")
-  _check_device_index(device_index, "call")
+  device_index = _device_index(device_index, "call")
   arg_leaves, arg_treedef = _flatten_arg(arg, "call")
   result_treedef, result_avals = _result_avals(result_shape)
   function = HostFunction(callback_func, arg_treedef,

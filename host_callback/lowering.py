@@ -68,6 +68,7 @@ def lower(ctx: Any, *operands: Any, function: HostFunction, num_args: int,
   synchronous = is_synchronous(ctx)
   devices = adapter.sharded_devices(ctx)
   if devices is not None and name == "native":
+    adapter.check_device_index(device_index, len(devices))
     # A side-effecting custom call that is not one of JAX's own callbacks
     # loses its single-device sharding under Shardy: gather instead.
     results = _lower_gathered(ctx, *operands, devices=devices,

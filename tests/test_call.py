@@ -184,6 +184,12 @@ def test_bad_inputs_name_the_argument():
                                device_index=99))(1.)
 
 
+def test_numpy_integer_device_index_is_accepted():
+  out = jax.jit(lambda x: hcb.call(lambda a: a + 1, x, result_shape=x,
+                                   device_index=np.int64(0)))(1.)
+  assert float(out) == 2.
+
+
 def test_jvp_is_not_implemented():
   with pytest.raises(NotImplementedError,
                      match="differentiation rules are implemented only for "

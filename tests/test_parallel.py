@@ -188,6 +188,26 @@ def test_sharded_jit_taps_whole_array_once(device_index):
   assert rec.devices == [jax.devices()[device_index]]
 
 
+@pytest.mark.parametrize("op", ["tap", "call"])
+def test_sharded_jit_rejects_device_index_beyond_its_devices(op):
+  """device_index=3 exists in the process (4 devices) but not in a jit over
+  2 of them: an error, never a dropped tap or a call that returns zeros."""
+  ran = []
+  mesh = Mesh(np.array(jax.devices()[:2]), ("d",))
+
+  def f(v):
+    if op == "tap":
+      return hcb.id_tap(lambda a, _: ran.append(a), v, device_index=3)
+    return hcb.call(lambda a: ran.append(a) or a, v, result_shape=v,
+                    device_index=3)
+
+  with pytest.raises(ValueError, match=r"device_index=3 is out of range for a "
+                     r"computation on 2 device\(s\); use 0 to 1"):
+    jax.jit(f, in_shardings=NamedSharding(mesh, P("d")))(jnp.arange(4.))
+  hcb.barrier_wait()
+  assert ran == []
+
+
 @pytest.mark.parametrize("device_index", [0, 2])
 def test_eager_tap_of_sharded_array(device_index):
   rec = Recorder()

@@ -79,10 +79,19 @@ def test_non_callable_functions_are_rejected(func):
 
 
 @SETTINGS
-@given(index=st.sampled_from([-1, 4, 1000, 2.5, "0"]))
-def test_bad_device_index_is_rejected(index):
+@given(index=st.sampled_from([-1, 4, 1000, np.int64(4)]))
+def test_device_index_out_of_range_is_rejected(index):
   with pytest.raises(ValueError, match="device_index=.* is out of range"):
     hcb.id_tap(lambda *_: None, 1.0, device_index=index)
+
+
+@SETTINGS
+@given(index=st.sampled_from([2.5, 1.0, "0", None]))
+def test_device_index_that_is_not_an_int_is_a_type_error(index):
+  with pytest.raises(TypeError, match="device_index must be an int, got"):
+    hcb.id_tap(lambda *_: None, 1.0, device_index=index)
+  with pytest.raises(TypeError, match="device_index must be an int, got"):
+    hcb.call(lambda a: a, 1.0, result_shape=1.0, device_index=index)
 
 
 @SETTINGS
