@@ -146,7 +146,11 @@ def _lower_gathered(ctx: Any, *operands: Any, devices: Sequence[Any],
   out_avals = (list(result_avals) if function.is_call
                else unsharded if synchronous else [])
   arg_ctx = ctx.replace(avals_in=unsharded, avals_out=out_avals)
-  results = mlir.lower_fun(gathered, multiple_results=True)(arg_ctx, *operands)
+  # Under the user's `jax.set_mesh`, shard_map requires its mesh to be the
+  # context's: make ours the context while it is traced.
+  with jax.sharding.use_abstract_mesh(mesh.abstract_mesh):
+    results = mlir.lower_fun(gathered, multiple_results=True)(arg_ctx,
+                                                              *operands)
   ctx.set_tokens_out(arg_ctx.tokens_out)
   return list(results)
 

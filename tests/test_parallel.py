@@ -188,6 +188,40 @@ def test_sharded_jit_taps_whole_array_once(device_index):
   assert rec.devices == [jax.devices()[device_index]]
 
 
+@pytest.mark.parametrize("axis_type", ["Explicit", "Auto"])
+@pytest.mark.parametrize("sharded_input", [False, True])
+def test_taps_and_calls_under_set_mesh(axis_type, sharded_input):
+  """Modern sharding code: jit under `jax.set_mesh`, with explicit or auto
+  axes, on a 2x2 mesh, with sharded or unsharded inputs."""
+  rec = Recorder()
+  axis_types = (getattr(jax.sharding.AxisType, axis_type),) * 2
+  mesh = jax.make_mesh((2, 2), ("a", "b"), axis_types=axis_types)
+  x = jnp.arange(16.).reshape(4, 4)
+  if sharded_input:
+    x = jax.device_put(x, NamedSharding(mesh, P("a", "b")))
+
+  @jax.jit
+  def f(v):
+    v = hcb.id_tap(rec, v * 2, tap_with_device=True, device_index=1)
+    return hcb.call(lambda a: a + 1, v, result_shape=v)
+
+  with jax.set_mesh(mesh):
+    out = f(x)
+    shard_mapped = jax.jit(jax.shard_map(
+        lambda v: hcb.id_tap(rec, v, tap_with_device=True),
+        in_specs=P("a", "b"), out_specs=P("a", "b")))(
+            jax.device_put(x, NamedSharding(mesh, P("a", "b"))))
+  hcb.barrier_wait()
+  expected = np.arange(16., dtype=np.float32).reshape(4, 4) * 2
+  np.testing.assert_array_equal(out, expected + 1)
+  np.testing.assert_array_equal(shard_mapped, expected / 2)
+  assert_tree_equal(rec.args[0], expected)
+  assert rec.devices[0] == mesh.devices.flat[1]
+  blocks = {d: (a[0, 0], a.shape) for a, d in zip(rec.args[1:], rec.devices[1:])}
+  assert blocks == {mesh.devices[i, j]: (8. * i + 2. * j, (2, 2))
+                    for i in range(2) for j in range(2)}
+
+
 @pytest.mark.parametrize("op", ["tap", "call"])
 def test_sharded_jit_rejects_device_index_beyond_its_devices(op):
   """device_index=3 exists in the process (4 devices) but not in a jit over
