@@ -2,7 +2,7 @@
 
 The lowering owns placement: on one fixed device, on each device of a
 shard_map or pmap (the device found at run time), or, for automatically
-sharded code on the native transport, inside a shard_map where only the
+sharded code, inside a shard_map where only the
 `device_index` device sends the gathered value. It then opens the queues of
 the local devices that may send, registers the callback site, and calls the
 chosen transport's `emit` (`lowering_native.emit` or `lowering_python.emit`).
@@ -67,10 +67,11 @@ def lower(ctx: Any, *operands: Any, function: HostFunction, num_args: int,
   name = transport_for(ctx)
   synchronous = is_synchronous(ctx)
   devices = adapter.sharded_devices(ctx)
-  if devices is not None and name == "native":
+  if devices is not None:
     adapter.check_device_index(device_index, len(devices))
-    # A side-effecting custom call that is not one of JAX's own callbacks
-    # loses its single-device sharding under Shardy: gather instead.
+    # Under Shardy, a side-effecting custom call that is not one of JAX's
+    # own callbacks loses its single-device sharding, and JAX's own fail
+    # under `jax.set_mesh` with auto axes: gather instead.
     results = _lower_gathered(ctx, *operands, devices=devices,
                               function=function,
                               num_args=num_args, device_index=device_index,
