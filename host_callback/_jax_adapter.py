@@ -8,6 +8,7 @@ with a clear message when the installed JAX lacks something we need.
 from __future__ import annotations
 
 import dataclasses
+import functools
 from typing import Any, Callable, List, Optional, Sequence, Tuple
 
 import jax
@@ -274,6 +275,16 @@ def run_to_completion_at_dispatch(ctx: Any) -> None:
   callbacks = ctx.module_context.host_callbacks
   if _no_host_callback not in callbacks:
     ctx.module_context.add_host_callback(_no_host_callback)
+
+
+def keep_alive_with_executable(ctx: Any, obj: Any) -> None:
+  """Keeps `obj` alive as long as the executable being lowered.
+
+  JAX keeps a module's host callbacks alive with its executable (and our
+  CPU lowerings have one anyway, see `run_to_completion_at_dispatch`), so
+  this adds one that holds `obj` and is never called.
+  """
+  ctx.module_context.add_host_callback(functools.partial(_no_host_callback, obj))
 
 
 def thread_token(ctx: Any, token: Any) -> None:

@@ -10,7 +10,7 @@ import jax
 import numpy as np
 
 from . import barrier, lowering, primitive, runtime  # noqa: F401 (lowering: registers)
-from .host_functions import HostFunction
+from .host_functions import HostFunction, interned
 from .printing import Printer
 from .receiver import QueueStats
 
@@ -106,8 +106,8 @@ def id_tap(tap_func: Callable[..., Any], arg: Any, *, result: Any = None,
   device_index = _device_index(device_index, "id_tap")
   arg_leaves, arg_treedef = _flatten_arg(arg, "id_tap")
   result_leaves, result_treedef = jax.tree_util.tree_flatten(result)
-  function = HostFunction(tap_func, arg_treedef, with_device=tap_with_device,
-                          is_call=False)
+  function = interned(HostFunction(tap_func, arg_treedef,
+                                   with_device=tap_with_device, is_call=False))
   out = primitive.bind([*arg_leaves, *result_leaves], function=function,
                        num_args=len(arg_leaves), device_index=device_index)
   if result is None:
@@ -200,10 +200,10 @@ def call(callback_func: Callable[..., Any], arg: Any, *,
   device_index = _device_index(device_index, "call")
   arg_leaves, arg_treedef = _flatten_arg(arg, "call")
   result_treedef, result_avals = _result_avals(result_shape)
-  function = HostFunction(callback_func, arg_treedef,
-                          with_device=call_with_device, is_call=True,
-                          result_treedef=result_treedef,
-                          result_avals=result_avals)
+  function = interned(HostFunction(callback_func, arg_treedef,
+                                   with_device=call_with_device, is_call=True,
+                                   result_treedef=result_treedef,
+                                   result_avals=result_avals))
   out = primitive.bind(arg_leaves, function=function,
                        num_args=len(arg_leaves), device_index=device_index)
   return jax.tree_util.tree_unflatten(result_treedef, out)

@@ -190,6 +190,7 @@ def barrier_wait(logging_name: Optional[str] = None) -> None:
   runtime.check_usable()
   logger.debug("barrier_wait[%s]: start", logging_name)
   _wait_for_devices()
+  runtime.release_retired()
   logger.debug("barrier_wait[%s]: done", logging_name)
   runtime.raise_recorded_error()
 

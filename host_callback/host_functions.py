@@ -3,7 +3,9 @@
 from __future__ import annotations
 
 import dataclasses
-from typing import Any, Callable, Optional, Sequence, Tuple
+import threading
+import weakref
+from typing import Any, Callable, Dict, Hashable, List, Optional, Sequence, Tuple
 
 import jax
 import numpy as np
@@ -15,7 +17,8 @@ Transforms = Tuple[Tuple[str, Tuple[Tuple[str, Any], ...]], ...]
 
 @dataclasses.dataclass(frozen=True, eq=False)
 class HostFunction:
-  """A host function and how to call it; hashed by identity.
+  """A host function and how to call it; hashed by identity, so make equal
+  ones one object with `interned`.
 
   `result_treedef`/`result_avals` are set for `call` only.
   """
@@ -29,6 +32,68 @@ class HostFunction:
   @property
   def name(self) -> str:
     return getattr(self.func, "__name__", repr(self.func))
+
+  def _signature(self) -> Tuple[Hashable, ...]:
+    """Everything but `func`, which equal host functions share too."""
+    return (self.arg_treedef, self.with_device, self.is_call,
+            self.result_treedef, self.result_avals)
+
+
+def _hash_of(func: Callable[..., Any]) -> int:
+  try:
+    return hash(func)
+  except TypeError:
+    return id(func)
+
+
+def _same_callable(a: Callable[..., Any], b: Callable[..., Any]) -> bool:
+  """`a == b` (bound methods of one object are equal, not identical), or
+  identity when equality fails."""
+  if a is b:
+    return True
+  try:
+    return bool(a == b)
+  except Exception:  # pylint: disable=broad-except
+    return False
+
+
+class _Interner:
+  """The live host functions, held weakly, by hash of (callable, rest)."""
+
+  def __init__(self) -> None:
+    self._lock = threading.Lock()
+    self._buckets: Dict[Hashable, List[weakref.ref]] = {}
+
+  def intern(self, function: HostFunction) -> HostFunction:
+    key = (_hash_of(function.func), function._signature())
+    with self._lock:
+      bucket = self._buckets.setdefault(key, [])
+      for ref in bucket:
+        live = ref()
+        if (live is not None and live._signature() == function._signature()
+            and _same_callable(live.func, function.func)):
+          return live
+      bucket.append(weakref.ref(function, lambda r: self._forget(key, r)))
+      return function
+
+  def _forget(self, key: Hashable, ref: weakref.ref) -> None:
+    with self._lock:
+      bucket = self._buckets.get(key, [])
+      if ref in bucket:
+        bucket.remove(ref)
+      if not bucket:
+        self._buckets.pop(key, None)
+
+
+_interner = _Interner()
+
+
+def interned(function: HostFunction) -> HostFunction:
+  """The live host function equal to `function` (same callable, by `==`,
+  same trees and flags), or `function` itself. Equal host functions thus
+  share traces, compilations and consumers, as in the original, whose
+  registry was keyed by the callable."""
+  return _interner.intern(function)
 
 
 class CallError(RuntimeError):

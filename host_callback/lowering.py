@@ -83,9 +83,10 @@ def lower(ctx: Any, *operands: Any, function: HostFunction, num_args: int,
   _open_devices(producer, place.mesh_devices if place.fixed_device is None
                 else [place.fixed_device])
   arg_avals, result_avals = physical_avals(ctx, num_args, function)
-  site = producer.register_site(
-      runtime.register(function, transforms),
+  site = runtime.register_site(
+      producer, function, transforms,
       [_wire_dtype(a.dtype) for a in arg_avals], [a.shape for a in arg_avals])
+  adapter.keep_alive_with_executable(ctx, function)
   emit = _EMITTERS[name]
   if function.is_call:
     return emit(ctx, place, Kind.CALL, operands[:num_args], arg_avals,

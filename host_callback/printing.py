@@ -138,6 +138,23 @@ class Printer:
     self.threshold = threshold
     self.kwargs = kwargs
 
+  def _fields(self) -> Tuple[Any, ...]:
+    return (id(self.output_stream), self.threshold, self.kwargs)
+
+  def __eq__(self, other: object) -> bool:
+    """Printers that print alike are equal, so that repeated eager
+    `id_print`s share one compilation."""
+    if not isinstance(other, Printer):
+      return NotImplemented
+    try:
+      return bool(self._fields() == other._fields())
+    except Exception:  # pylint: disable=broad-except
+      return False  # kwargs whose values do not compare (e.g. arrays)
+
+  def __hash__(self) -> int:
+    return hash((id(self.output_stream), self.threshold,
+                 tuple(sorted(self.kwargs))))
+
   def _emit(self, line: str) -> None:
     if self.output_stream is not None:
       self.output_stream.write(line + "\n")

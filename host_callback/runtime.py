@@ -2,7 +2,10 @@
 
 from __future__ import annotations
 
+import dataclasses
 import functools
+import threading
+import weakref
 from typing import Any, Dict, List, Sequence, Tuple
 
 import jax
@@ -55,13 +58,65 @@ def transports() -> Dict[str, Transport]:
   return _runtime.transports()
 
 
+@dataclasses.dataclass
+class _Registrations:
+  """What the receiver holds for one live host function: a consumer per
+  `transforms`, and the sites of its compiled operations."""
+  consumer_ids: Dict[Transforms, int] = dataclasses.field(default_factory=dict)
+  sites: List[Tuple[str, int]] = dataclasses.field(default_factory=list)
+
+
+_registrations: "weakref.WeakKeyDictionary[HostFunction, _Registrations]" = (
+    weakref.WeakKeyDictionary())
+_registrations_lock = threading.Lock()
+
+
+def _registrations_of(function: HostFunction) -> _Registrations:
+  """Created at the first registration; when `function` dies (no jaxpr or
+  executable holds it), its consumers and sites are retired."""
+  registrations = _registrations.get(function)
+  if registrations is None:
+    registrations = _registrations[function] = _Registrations()
+    weakref.finalize(function, _retire, registrations)
+  return registrations
+
+
+def _retire(registrations: _Registrations) -> None:
+  _runtime.retire(list(registrations.consumer_ids.values()),
+                  list(registrations.sites))
+
+
 def register(function: HostFunction, transforms: Transforms) -> int:
   """The consumer id for `function` under `transforms`."""
-  context = ("" if function.is_call else
-             f"host_callback.id_tap: the tap function {function.name}")
-  return _runtime.registry.register(
-      (function, transforms),
-      make_consumer(function, transforms, device_by_id), context)
+  _runtime.release_retired()
+  with _registrations_lock:
+    registrations = _registrations_of(function)
+    consumer_id = registrations.consumer_ids.get(transforms)
+    if consumer_id is None:
+      context = ("" if function.is_call else
+                 f"host_callback.id_tap: the tap function {function.name}")
+      # The consumer holds a copy: the receiver must not keep `function`
+      # alive, or it would never be retired.
+      consumer = make_consumer(dataclasses.replace(function), transforms,
+                               device_by_id)
+      consumer_id = registrations.consumer_ids[transforms] = (
+          _runtime.registry.add(consumer, context))
+    return consumer_id
+
+
+def register_site(producer: Transport, function: HostFunction,
+                  transforms: Transforms, dtypes: Sequence[np.dtype],
+                  shapes: Sequence[Tuple[int, ...]]) -> int:
+  """A new site of `producer` for `function` under `transforms`."""
+  site = producer.register_site(register(function, transforms), dtypes, shapes)
+  with _registrations_lock:
+    _registrations_of(function).sites.append((producer.name, site))
+  return site
+
+
+def release_retired() -> None:
+  """Frees what dead host functions held, if their packets are consumed."""
+  _runtime.release_retired()
 
 
 def run_inline(function: HostFunction, transforms: Transforms,

@@ -1,9 +1,10 @@
-"""Consumers (host functions) by id, stable for the life of the process."""
+"""Consumers (host functions) by id; an id is never reused."""
 
 from __future__ import annotations
 
+import itertools
 import threading
-from typing import Callable, Dict, Hashable, List, Optional, Sequence
+from typing import Callable, Dict, Iterable, Optional, Sequence, Tuple
 
 import numpy as np
 
@@ -13,35 +14,48 @@ Consumer = Callable[[Sequence[np.ndarray], int], Optional[Sequence[np.ndarray]]]
 
 
 class ConsumerRegistry:
-  """Assigns each distinct consumer a small integer id, never reused.
+  """Assigns each consumer a small integer id, never reused.
 
-  Ids are embedded in compiled executables, so an id keeps meaning the same
-  consumer for as long as the process lives. The lock guards both tables.
+  Ids are embedded in compiled executables. A consumer stays until
+  `remove`d, which its owner does once no executable can send to it any
+  more. The lock guards the table.
   """
 
   def __init__(self) -> None:
     self._lock = threading.Lock()
-    self._ids: Dict[Hashable, int] = {}
-    self._consumers: List[Consumer] = []
-    self._contexts: List[str] = []
+    self._next_id = itertools.count()
+    self._entries: Dict[int, Tuple[Consumer, str]] = {}
 
-  def register(self, key: Hashable, consumer: Consumer,
-               context: str = "") -> int:
-    """Returns the id of `key`, registering `consumer` under it if new.
+  def add(self, consumer: Consumer, context: str = "") -> int:
+    """Registers `consumer` under a new id.
 
     `context` names the consumer in the error of a device that waits for it
     (empty when the consumer's own errors say it).
     """
     with self._lock:
-      consumer_id = self._ids.get(key)
-      if consumer_id is None:
-        consumer_id = self._ids[key] = len(self._consumers)
-        self._consumers.append(consumer)
-        self._contexts.append(context)
+      consumer_id = next(self._next_id)
+      self._entries[consumer_id] = (consumer, context)
       return consumer_id
 
+  def remove(self, consumer_ids: Iterable[int]) -> None:
+    with self._lock:
+      for consumer_id in consumer_ids:
+        self._entries.pop(consumer_id, None)
+
   def get(self, consumer_id: int) -> Consumer:
-    return self._consumers[consumer_id]
+    return self._entry(consumer_id)[0]
 
   def context(self, consumer_id: int) -> str:
-    return self._contexts[consumer_id]
+    return self._entry(consumer_id)[1] if consumer_id in self._entries else ""
+
+  def __len__(self) -> int:
+    return len(self._entries)
+
+  def _entry(self, consumer_id: int) -> Tuple[Consumer, str]:
+    try:
+      return self._entries[consumer_id]
+    except KeyError:
+      raise LookupError(
+          f"host_callback: a packet arrived for host function #{consumer_id}, "
+          "which was released because no computation used it any more; "
+          "please report this") from None

@@ -3,9 +3,11 @@
 from __future__ import annotations
 
 import atexit
+import collections
 import os
 import threading
-from typing import Callable, Dict, List, Mapping, Optional, Sequence
+from typing import (Callable, Deque, Dict, List, Mapping, Optional, Sequence,
+                    Tuple)
 
 import numpy as np
 
@@ -31,6 +33,9 @@ class Runtime:
     """`at_exit` runs at interpreter exit if a receiver was ever started."""
     self.registry = ConsumerRegistry()
     self.errors = ErrorLog()
+    # (consumer ids, (transport name, site) pairs) no executable uses any more.
+    self._retired: Deque[Tuple[Sequence[int], Sequence[Tuple[str, int]]]] = (
+        collections.deque())
     self._make_transports = make_transports
     self._max_bytes = max_bytes
     self._lock = threading.RLock()
@@ -100,6 +105,29 @@ class Runtime:
       except BaseException as error:  # pylint: disable=broad-except
         self.errors.record(error)
         raise DirectRunError(error, self.registry.context(consumer_id)) from error
+
+  def retire(self, consumer_ids: Sequence[int],
+             sites: Sequence[Tuple[str, int]]) -> None:
+    """Consumers and sites that no executable can send to any more; they are
+    released by `release_retired` once their packets are consumed. Safe to
+    call from a finalizer, on any thread: it only appends."""
+    self._retired.append((consumer_ids, sites))
+
+  def release_retired(self) -> None:
+    """Releases the retired consumers and sites if no queue has a packet
+    waiting: packets for them were all sent before they were retired."""
+    transports = self._transports
+    if not self._retired or transports is None:
+      return
+    if any(transport.stats(device_id).packets_waiting
+           for transport in transports.values()
+           for device_id in transport.device_ids()):
+      return
+    while self._retired:
+      consumer_ids, sites = self._retired.popleft()
+      self.registry.remove(consumer_ids)
+      for name, site in sites:
+        transports[name].unregister_site(site)
 
   def running_receiver(self) -> Optional[Receiver]:
     return self._receiver

@@ -43,6 +43,9 @@ class Producer(Protocol):
     """The id that a callback site's packets carry: its consumer and the
     dtypes and shapes of its arrays."""
 
+  def unregister_site(self, site: int) -> None:
+    """Frees a site that no executable uses any more; its id is not reused."""
+
 
 class Transport(Producer, Protocol):
   """Where the receiver's threads find the packets of each device."""
