@@ -148,6 +148,12 @@ def _result_avals(result_shape: Any) -> tuple[Any, tuple]:
   leaves, treedef = jax.tree_util.tree_flatten(result_shape)
   avals = []
   for leaf in leaves:
+    if isinstance(leaf, type):  # e.g. np.float32, which has shape and dtype
+      raise ValueError(
+          f"host_callback.call: result_shape has a leaf {leaf.__name__}, a "
+          "type. The values must be either numeric scalars, or must have "
+          "'shape' and 'dtype' attributes: use e.g. "
+          f"jax.ShapeDtypeStruct((), {leaf.__module__}.{leaf.__name__}).")
     if hasattr(leaf, "shape") and hasattr(leaf, "dtype"):
       shape, dtype = tuple(leaf.shape), leaf.dtype
     elif isinstance(leaf, (bool, int, float, complex, np.generic)):
@@ -155,6 +161,12 @@ def _result_avals(result_shape: Any) -> tuple[Any, tuple]:
       shape, dtype = array.shape, array.dtype
     else:
       shape, dtype = None, None
+    if dtype is not None and jax.dtypes.issubdtype(dtype, jax.dtypes.prng_key):
+      raise ValueError(
+          f"host_callback.call: result_shape has a PRNG key leaf ({dtype}); "
+          "a host function cannot return keys. Return the key data instead "
+          "(result_shape=jax.random.key_data(key)) and turn it into keys "
+          "with jax.random.wrap_key_data.")
     if dtype is None or not _is_numeric(dtype):
       raise ValueError(
           "host_callback.call: result_shape has a leaf of type "

@@ -121,6 +121,8 @@ def _check_results(function: HostFunction, result: Any) -> Sequence[np.ndarray]:
   arrays = []
   for leaf, aval in zip(leaves, function.result_avals):
     array = np.asarray(leaf)
+    if not array.dtype.isnative:  # e.g. big-endian '>f4' read from a file
+      array = array.astype(array.dtype.newbyteorder("="))
     # An exact match needs no canonicalisation (which depends on the x64
     # setting of this thread, not of the one that traced the call).
     dtype = (array.dtype if array.dtype == aval.dtype

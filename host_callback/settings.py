@@ -7,9 +7,12 @@ environment variable (`JAX_HOST_CALLBACK_INLINE=1`), `jax.config.update(
 
 from __future__ import annotations
 
+import contextlib
 import functools
+import math
 import os
 import warnings
+from typing import Iterator, List
 
 from . import _jax_adapter as adapter
 
@@ -23,26 +26,39 @@ inline = adapter.bool_setting(
 
 
 
-def _normalize_queue_env(name: str = "JAX_HOST_CALLBACK_MAX_QUEUE_BYTE_SIZE"
-                         ) -> None:
-  """Accepts the legacy '256e6' notation in the environment variable."""
-  raw = os.environ.get(name)
-  if raw is None:
-    return
+_QUEUE_ENV = "JAX_HOST_CALLBACK_MAX_QUEUE_BYTE_SIZE"
+
+
+@contextlib.contextmanager
+def _legacy_queue_env() -> Iterator[List[str]]:
+  """While JAX reads the environment variable: accepts the legacy '256e6'
+  notation, and hides an invalid value (JAX would fail at import), whose
+  error it yields for `queue_bytes` to raise at first use."""
+  errors: List[str] = []
+  raw = os.environ.get(_QUEUE_ENV)
   try:
-    value = float(raw)
+    value = float(raw) if raw is not None else 0.
   except ValueError:
-    raise ValueError(f"{name}={raw!r} is not a number of bytes") from None
-  if value != int(value):
-    raise ValueError(f"{name}={raw!r} is not a whole number of bytes")
-  os.environ[name] = str(int(value))
+    value = math.nan
+  if value.is_integer():
+    if raw is not None:
+      os.environ[_QUEUE_ENV] = str(int(value))
+    yield errors
+    return
+  errors.append(f"{_QUEUE_ENV}={raw!r} is not a whole number of bytes; set "
+                f"it to e.g. {DEFAULT_QUEUE_BYTES} or 256e6")
+  del os.environ[_QUEUE_ENV]
+  try:
+    yield errors
+  finally:
+    os.environ[_QUEUE_ENV] = raw
 
 
-_normalize_queue_env()
-max_queue_byte_size = adapter.int_setting(
-    "jax_host_callback_max_queue_byte_size", DEFAULT_QUEUE_BYTES,
-    "Bytes of tapped data that may wait per device before the device pauses "
-    f"at its next send (minimum {MIN_QUEUE_BYTES}).")
+with _legacy_queue_env() as _queue_env_errors:
+  max_queue_byte_size = adapter.int_setting(
+      "jax_host_callback_max_queue_byte_size", DEFAULT_QUEUE_BYTES,
+      "Bytes of tapped data that may wait per device before the device pauses "
+      f"at its next send (minimum {MIN_QUEUE_BYTES}).")
 
 transport = adapter.enum_setting(
     "jax_host_callback_transport", TRANSPORTS, "auto",
@@ -68,6 +84,8 @@ def outfeed_mode(platform: str) -> bool:
 def queue_bytes() -> int:
   """The validated per-device queue bound."""
   value = max_queue_byte_size.value
+  if _queue_env_errors and value == DEFAULT_QUEUE_BYTES:  # not set otherwise
+    raise ValueError(_queue_env_errors[0])
   if not MIN_QUEUE_BYTES <= value <= 2**62:
     raise ValueError(
         "JAX_HOST_CALLBACK_MAX_QUEUE_BYTE_SIZE (jax_host_callback_max_queue_"

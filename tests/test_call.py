@@ -349,3 +349,24 @@ def _check_sharded_jit_call():
   out = f(jnp.arange(8.).reshape(4, 2))
   np.testing.assert_array_equal(out, np.arange(8.).reshape(4, 2) * 2)
   assert seen == [((4, 2), jax.devices()[1])]
+
+
+def test_dtype_class_as_result_shape_is_rejected_naming_result_shape():
+  with pytest.raises(ValueError, match=r"result_shape has a leaf float32, a "
+                     r"type.*jax.ShapeDtypeStruct\(\(\), numpy.float32\)"):
+    jax.jit(lambda x: hcb.call(lambda a: a, x, result_shape=np.float32))(1.)
+
+
+def test_prng_key_in_result_shape_is_rejected_clearly():
+  key = jax.random.key(0)
+  with pytest.raises(ValueError, match="result_shape has a PRNG key leaf.*"
+                     "jax.random.wrap_key_data"):
+    jax.jit(lambda k: hcb.call(lambda a: a, k, result_shape=k))(key)
+
+
+def test_big_endian_result_is_accepted_in_native_byte_order():
+  big_endian = np.arange(6, dtype=">f4").reshape(2, 3)
+  out = jax.jit(lambda x: hcb.call(lambda _: big_endian, x,
+                                   result_shape=jax.ShapeDtypeStruct(
+                                       (2, 3), np.float32)))(1.)
+  np.testing.assert_array_equal(out, np.arange(6, dtype=np.float32).reshape(2, 3))
