@@ -17,7 +17,8 @@ import importlib
 from typing import TYPE_CHECKING, Any
 
 __all__ = [
-    "CallbackException", "TapFunctionException", "barrier_wait", "call",
+    "CallbackException", "CallbackFlavor", "TapFunctionException",
+    "barrier_wait", "call",
     "id_print", "id_tap", "install", "queue_statistics",
     "stop_outfeed_receiver",
 ]
@@ -25,6 +26,7 @@ __all__ = [
 # Public name -> (submodule, attribute) that provides it.
 _LAZY = {
     "CallbackException": ("receiver", "CallbackException"),
+    "CallbackFlavor": ("api", "CallbackFlavor"),
     "TapFunctionException": ("receiver", "CallbackException"),
     "barrier_wait": ("api", "barrier_wait"),
     "call": ("api", "call"),
@@ -36,8 +38,8 @@ _LAZY = {
 }
 
 if TYPE_CHECKING:  # what static tools see; at run time __getattr__ loads them
-  from .api import (barrier_wait, call, id_print, id_tap, queue_statistics,
-                    stop_outfeed_receiver)
+  from .api import (CallbackFlavor, barrier_wait, call, id_print, id_tap,
+                    queue_statistics, stop_outfeed_receiver)
   from .compat import install
   from .receiver import CallbackException
   TapFunctionException = CallbackException

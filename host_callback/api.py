@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import enum
+import inspect
 import operator
 import warnings
 from typing import Any, Callable, Dict, Optional, TextIO, Tuple
@@ -20,6 +22,29 @@ def _check_callable(value: Any, name: str, api: str) -> None:
     raise TypeError(
         f"host_callback.{api}: {name} must be callable, got "
         f"{type(value).__name__}: {value!r}")
+
+
+def _check_tap_signature(tap_func: Callable[..., Any],
+                         tap_with_device: bool) -> None:
+  """Raises TypeError at trace time when `tap_func` cannot be called as
+  `tap_func(arg, transforms)` (with `device=` when `tap_with_device`),
+  where its signature can tell."""
+  try:
+    signature = inspect.signature(tap_func)
+  except (TypeError, ValueError):
+    return  # e.g. some builtins: the receiver reports a mismatch
+  device = {"device": None} if tap_with_device else {}
+  try:
+    signature.bind(None, None, **device)
+  except TypeError as error:
+    expected = ("tap_func(arg, transforms, *, device)" if tap_with_device
+                else "tap_func(arg, transforms)")
+    name = getattr(tap_func, "__qualname__", repr(tap_func))
+    raise TypeError(
+        f"host_callback.id_tap: tap_func {name}{signature} cannot be called "
+        f"as {expected} ({error}). Give it a `transforms` parameter, e.g. "
+        "`lambda arg, transforms: ...`, or wrap it: "
+        "`lambda arg, _: f(arg)`.") from None
 
 
 def _is_numeric(dtype: Any) -> bool:
@@ -62,13 +87,35 @@ def _device_index(device_index: Any, api: str) -> int:
   return index
 
 
+class CallbackFlavor(enum.Enum):
+  """The original's choice of JAX callback for its non-legacy mode (JAX
+  0.4.26-0.4.34), kept so that code passing `callback_flavor=` runs.
+
+  host_callback has one implementation, its own transport, so every flavor
+  behaves the same: ordered, never removed as dead code, and, for `call`,
+  returning the host function's result (what IO_CALLBACK gave). Passing one
+  warns once per process.
+  """
+  IO_CALLBACK = 1  # the original used jax.experimental.io_callback
+  PURE = 2         # the original used jax.pure_callback
+  DEBUG = 3        # the original used jax.debug.callback (taps only)
+
+
+_warned_of_callback_flavor = False
+
+
 def _ignore_callback_flavor(kwargs: dict, api: str) -> None:
-  """Accepts the original's `callback_flavor=` and ignores it, with a warning."""
-  if "callback_flavor" in kwargs:
-    del kwargs["callback_flavor"]
-    warnings.warn(
-        f"host_callback.{api}: callback_flavor is ignored; the transport is "
-        "chosen by the jax_host_callback_transport setting", stacklevel=3)
+  """Accepts the original's `callback_flavor=` and ignores it, warning once
+  per process."""
+  global _warned_of_callback_flavor
+  flavor = kwargs.pop("callback_flavor", None)
+  if flavor is None or _warned_of_callback_flavor:
+    return
+  _warned_of_callback_flavor = True
+  warnings.warn(
+      f"host_callback.{api}: callback_flavor={flavor} is accepted and has no "
+      "effect: every flavor uses host_callback's own ordered transport. You "
+      "can remove it.", stacklevel=3)
 
 
 def id_tap(tap_func: Callable[..., Any], arg: Any, *, result: Any = None,
@@ -103,6 +150,7 @@ def id_tap(tap_func: Callable[..., Any], arg: Any, *, result: Any = None,
         "``functools.partial(tap_func, **kwargs)``. Got unexpected keyword "
         f"arguments: {sorted(kwargs)}")
   _check_callable(tap_func, "tap_func", "id_tap")
+  _check_tap_signature(tap_func, tap_with_device)
   device_index = _device_index(device_index, "id_tap")
   arg_leaves, arg_treedef = _flatten_arg(arg, "id_tap")
   result_leaves, result_treedef = jax.tree_util.tree_flatten(result)
@@ -113,6 +161,18 @@ def id_tap(tap_func: Callable[..., Any], arg: Any, *, result: Any = None,
   if result is None:
     return jax.tree_util.tree_unflatten(arg_treedef, out[:len(arg_leaves)])
   return jax.tree_util.tree_unflatten(result_treedef, out[len(arg_leaves):])
+
+
+def _warn_of_traced_kwargs(kwargs: Dict[str, Any]) -> None:
+  """Keyword arguments are printed as they are at trace time: a traced one
+  prints as a tracer, as in the original; say how to print its value."""
+  for name, value in kwargs.items():
+    if isinstance(value, jax.core.Tracer):
+      warnings.warn(
+          f"host_callback.id_print: keyword argument {name}= is a traced "
+          f"value, so it prints as a tracer ({value}), not as its value. To "
+          f"print the value, pass it in arg, e.g. id_print(({name}, x)) or "
+          f"id_print({{'{name}': {name}, 'x': x}}).", stacklevel=3)
 
 
 def id_print(arg: Any, *, result: Any = None, tap_with_device: bool = False,
@@ -139,12 +199,25 @@ def id_print(arg: Any, *, result: Any = None, tap_with_device: bool = False,
     `arg`, or `result` when given.
   """
   _ignore_callback_flavor(kwargs, "id_print")
+  _warn_of_traced_kwargs(kwargs)
   printer = Printer(output_stream, threshold, kwargs)
   return id_tap(printer, arg, result=result, tap_with_device=tap_with_device,
                 device_index=device_index)
 
 
+def _warn_if_shape_like(result_shape: Any) -> None:
+  """`result_shape=(3,)`, NumPy-style, is almost surely meant as a shape."""
+  if (isinstance(result_shape, (tuple, list)) and result_shape and
+      all(type(v) is int for v in result_shape)):  # pylint: disable=unidiomatic-typecheck
+    warnings.warn(
+        f"host_callback.call: result_shape={result_shape!r} is a tuple of "
+        "integers, so it describes a result that is a tuple of integer "
+        "scalars. For an array of that shape, write result_shape="
+        f"jax.ShapeDtypeStruct({tuple(result_shape)!r}, dtype).", stacklevel=4)
+
+
 def _result_avals(result_shape: Any) -> tuple[Any, tuple]:
+  _warn_if_shape_like(result_shape)
   leaves, treedef = jax.tree_util.tree_flatten(result_shape)
   avals = []
   for leaf in leaves:

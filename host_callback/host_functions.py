@@ -111,13 +111,44 @@ def _describe(dtype: Any, shape: Sequence[int]) -> str:
   return f"{jax.numpy.dtype(dtype).name}{list(shape)}"
 
 
+_ONE_ARRAY = jax.tree_util.tree_structure(0)
+_NOTHING = jax.tree_util.tree_structure(None)
+
+
+def _describe_tree(treedef: Any, shapes: Sequence[str]) -> str:
+  """A result's structure in words, e.g. 'one array float32[3]'."""
+  if treedef == _NOTHING:
+    return "None (no result)"
+  if treedef == _ONE_ARRAY:
+    return f"one array {shapes[0]}"
+  return (f"a pytree of {treedef.num_leaves} array(s) ({', '.join(shapes)}) "
+          f"structured as {treedef}")
+
+
+def _structure_error(function: HostFunction, leaves: Sequence[Any],
+                     treedef: Any) -> CallError:
+  returned = [_describe(np.asarray(x).dtype, np.shape(x)) for x in leaves]
+  expected = [_describe(a.dtype, a.shape) for a in function.result_avals]
+  message = (f"host_callback.call: {function.name} returned "
+             f"{_describe_tree(treedef, returned)}, but result_shape "
+             f"describes {_describe_tree(function.result_treedef, expected)}. "
+             "Describe the result with result_shape=jax.ShapeDtypeStruct("
+             "shape, dtype), or a pytree of them")
+  if function.result_treedef == _NOTHING:
+    message += " (result_shape=None, its default, means no result)"
+  elif expected and all(a.shape == () and jax.numpy.issubdtype(
+      a.dtype, np.integer) for a in function.result_avals):
+    message += ("; a tuple of ints such as (3,) describes integer scalars, "
+                "not a shape: for an array of shape (3,) write "
+                "jax.ShapeDtypeStruct((3,), dtype)")
+  return CallError(message + ".")
+
+
 def _check_results(function: HostFunction, result: Any) -> Sequence[np.ndarray]:
   """The flat results as arrays, or CallError when they do not match."""
   leaves, treedef = jax.tree_util.tree_flatten(result)
   if treedef != function.result_treedef:
-    raise CallError(
-        f"host_callback.call: {function.name} returned a value with structure "
-        f"{treedef} where result_shape expects {function.result_treedef}")
+    raise _structure_error(function, leaves, treedef)
   arrays = []
   for leaf, aval in zip(leaves, function.result_avals):
     array = np.asarray(leaf)

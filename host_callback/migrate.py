@@ -19,7 +19,7 @@ It rewrites, keeping formatting and comments:
 in .py files and in the code cells of Jupyter notebooks (taken as one
 namespace, in order; the rest of the notebook JSON is kept as it is). On
 stderr it prints `file:line: message` for what needs a human: keyword
-arguments that `id_tap` no longer forwards, `callback_flavor=`, names the
+arguments that `id_tap` no longer forwards, names the
 package does not provide (private `hcb._...` ones included), strings naming
 the old module, `jax_host_callback_*` settings it does not support, and
 notebook lines that are not Python (IPython magics, shell escapes), which are
@@ -67,7 +67,8 @@ NEW_MODULE = "host_callback"
 # codemod does not import the package's runtime; a test keeps them equal);
 # other names used from the module are reported.
 PUBLIC_NAMES = frozenset({
-    "CallbackException", "TapFunctionException", "barrier_wait", "call",
+    "CallbackException", "CallbackFlavor", "TapFunctionException",
+    "barrier_wait", "call",
     "id_print", "id_tap", "install", "queue_statistics",
     "stop_outfeed_receiver",
 })
@@ -242,10 +243,6 @@ class _Analyzer(cst.CSTVisitor):
       self._check_name(node, name, f"{base}.{name}")
 
   def visit_Call(self, node: cst.Call) -> None:
-    for arg in node.args:
-      if arg.keyword is not None and arg.keyword.value == "callback_flavor":
-        self._report(arg, "`callback_flavor=` is not supported by "
-                     "host_callback; remove it")
     if self._callee(node.func) == "id_tap":
       self._check_id_tap(node)
 

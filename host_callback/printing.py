@@ -138,22 +138,28 @@ class Printer:
     self.threshold = threshold
     self.kwargs = kwargs
 
-  def _fields(self) -> Tuple[Any, ...]:
-    return (id(self.output_stream), self.threshold, self.kwargs)
+  def _key(self) -> Optional[Tuple[Any, ...]]:
+    """What printing depends on, when hashable (so not for arrays or
+    tracers among the kwargs, which make a printer equal only to itself)."""
+    key = (id(self.output_stream), self.threshold,
+           tuple(sorted(self.kwargs.items())))
+    try:
+      hash(key)
+    except TypeError:
+      return None
+    return key
 
   def __eq__(self, other: object) -> bool:
     """Printers that print alike are equal, so that repeated eager
     `id_print`s share one compilation."""
     if not isinstance(other, Printer):
       return NotImplemented
-    try:
-      return bool(self._fields() == other._fields())
-    except Exception:  # pylint: disable=broad-except
-      return False  # kwargs whose values do not compare (e.g. arrays)
+    key = self._key()
+    return self is other or (key is not None and key == other._key())
 
   def __hash__(self) -> int:
-    return hash((id(self.output_stream), self.threshold,
-                 tuple(sorted(self.kwargs))))
+    key = self._key()
+    return hash(key) if key is not None else id(self)
 
   def _emit(self, line: str) -> None:
     if self.output_stream is not None:

@@ -12,7 +12,7 @@ import jax
 import numpy as np
 
 from . import settings
-from .host_functions import HostFunction, Transforms, make_consumer
+from .host_functions import CallError, HostFunction, Transforms, make_consumer
 from .receiver import PythonTransport, QueueStats, Runtime, Transport
 
 try:
@@ -121,13 +121,19 @@ def release_retired() -> None:
 
 def run_inline(function: HostFunction, transforms: Transforms,
                arrays: Sequence[np.ndarray], device: Any) -> Any:
-  """Runs a host function in the caller's thread (inline mode)."""
+  """Runs a host function in the caller's thread (inline mode).
+
+  As in the original, what the host function raises reaches the caller as
+  itself (a `call`'s context is added as a note), and not `barrier_wait`.
+  """
   consumer = _runtime.registry.get(register(function, transforms))
   try:
     return consumer(arrays, device.id)
-  except Exception as error:
-    _runtime.errors.record(error)
-    raise
+  except CallError as error:
+    if error.__cause__ is None:  # a result that does not match result_shape
+      raise
+    error.__cause__.add_note(str(error))
+    raise error.__cause__ from None
 
 
 def check_usable() -> None:

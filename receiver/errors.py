@@ -38,6 +38,8 @@ class ErrorLog:
       last, self._last = self._last, None
     if last is not None:
       error, formatted = last
+      # The message has the traceback: the chained cause goes without, so
+      # that an uncaught CallbackException prints it once.
       raise CallbackException(
           "There were exceptions during callback processing. "
-          f"Last one was: {formatted}") from error
+          f"Last one was: {formatted}") from error.with_traceback(None)

@@ -119,3 +119,29 @@ from jax.experimental import host_callback as hcb
 import jax.experimental.host_callback as hcb2
 assert hcb is hcb2 is host_callback
 """)
+
+
+def test_callback_flavor_of_jax_0_4_26_to_0_4_34_is_accepted_with_one_warning():
+  run_python(INSTALL + """
+import warnings
+import jax
+import jax.numpy as jnp
+from jax.experimental import host_callback as hcb
+
+assert [f.name for f in hcb.CallbackFlavor] == ["IO_CALLBACK", "PURE", "DEBUG"]
+seen = []
+with warnings.catch_warnings(record=True) as caught:
+  warnings.simplefilter("always")
+  for flavor in hcb.CallbackFlavor:
+    x = jax.jit(lambda v: hcb.id_tap(lambda a, t: seen.append(int(a)), v,
+                                     callback_flavor=flavor))(jnp.int32(1))
+    y = jax.jit(lambda v: hcb.call(lambda a: a + 1, v, result_shape=v,
+                                   callback_flavor=flavor))(x)
+    hcb.id_print(y, callback_flavor=flavor)
+    assert int(y) == 2
+hcb.barrier_wait()
+assert seen == [1, 1, 1], seen
+flavor_warnings = [w for w in caught if "callback_flavor" in str(w.message)]
+assert len(flavor_warnings) == 1, [str(w.message) for w in caught]
+assert "has no effect" in str(flavor_warnings[0].message)
+""")

@@ -1,7 +1,10 @@
 """Errors: exceptions in tap functions, barrier_wait's report, bad arguments."""
 
 import functools
+import io
 import logging
+import re
+import warnings
 
 import jax
 import jax.numpy as jnp
@@ -10,7 +13,11 @@ import pytest
 from jax import lax
 
 import host_callback as hcb
-from helpers import Recorder
+from helpers import Recorder, run_python
+
+
+def print_x(x):
+  print(x)
 
 
 class UserError(Exception):
@@ -232,11 +239,39 @@ def test_device_index_out_of_range():
                                  device_index=jax.device_count()))(1.)
 
 
-def test_tap_function_with_wrong_signature_reported_at_barrier():
-  jax.jit(lambda x: hcb.id_tap(lambda a: None, x))(1.)  # takes 1 argument
-  with pytest.raises(hcb.CallbackException) as info:
-    hcb.barrier_wait()
-  assert isinstance(info.value.__cause__, TypeError)
+@pytest.mark.parametrize("tap_func, shown", [
+    (lambda a: None, "<lambda>(a)"),
+    (lambda a, t, b: None, "<lambda>(a, t, b)"),
+    (print_x, "print_x(x)"),
+])
+def test_tap_function_with_wrong_signature_rejected_at_trace_time(tap_func,
+                                                                  shown):
+  with pytest.raises(TypeError, match=re.escape(shown) +
+                     r" cannot be called as tap_func\(arg, transforms\)"):
+    jax.jit(lambda x: hcb.id_tap(tap_func, x))(1.)
+
+
+def test_tap_function_without_device_parameter_rejected_with_tap_with_device():
+  with pytest.raises(TypeError, match=r"cannot be called as tap_func\(arg, "
+                     r"transforms, \*, device\)"):
+    hcb.id_tap(lambda a, t: None, 1., tap_with_device=True)
+
+
+def test_tap_function_whose_signature_is_unknown_is_reported_at_barrier_once(
+    transport):
+  """`vars` has no signature to inspect, and takes one argument: the
+  TypeError reaches the barrier, and its traceback shows once in the
+  barrier's exception (and once in the log, when it happened)."""
+  done = run_python("""
+      import jax, host_callback as hcb
+      jax.config.update("jax_host_callback_outfeed", True)
+      jax.jit(lambda x: hcb.id_tap(vars, x))(1.)
+      hcb.barrier_wait()
+      """, transport=transport, timeout=60)
+  assert done.returncode != 0
+  assert "CallbackException: There were exceptions" in done.stderr
+  assert done.stderr.count("function.func(arg, unpacked, **kwargs)") == 2, (
+      done.stderr)
 
 
 def test_errors_do_not_break_other_devices():
@@ -254,3 +289,16 @@ def test_errors_do_not_break_other_devices():
   np.testing.assert_array_equal(out, np.arange(jax.local_device_count()))
   assert sorted(float(v) for v in rec.args) == list(
       range(jax.local_device_count()))
+
+
+def test_traced_keyword_argument_of_id_print_warns_naming_it():
+  stream = io.StringIO()
+  with pytest.warns(UserWarning, match=r"keyword argument step= is a traced "
+                    r"value.*pass it in arg, e.g. id_print\(\(step, x\)\)"):
+    jax.jit(lambda i, x: hcb.id_print(x, step=i, output_stream=stream))(3, 1.)
+  hcb.barrier_wait()
+  assert stream.getvalue().startswith("step: ")  # printed as the original did
+  with warnings.catch_warnings():
+    warnings.simplefilter("error")
+    jax.jit(lambda x: hcb.id_print(x, step=3, output_stream=stream))(1.)
+  hcb.barrier_wait()
