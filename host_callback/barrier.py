@@ -43,9 +43,9 @@ _Key = Tuple[str, int]
 
 
 class _Markers:
-  """Markers dispatched and arrived, per (transport, device).
+  """Markers dispatched and arrived, per (transport, device), by number.
 
-  The condition's lock guards both counters.
+  Each marker carries its number. The condition's lock guards both tables.
   """
 
   def __init__(self) -> None:
@@ -53,22 +53,20 @@ class _Markers:
     self._dispatched: Dict[_Key, int] = collections.defaultdict(int)
     self._arrived: Dict[_Key, int] = collections.defaultdict(int)
 
-  def next_target(self, key: _Key) -> int:
+  def next_number(self, key: _Key) -> int:
     with self._cond:
       self._dispatched[key] += 1
       return self._dispatched[key]
 
-  def arrive(self, key: _Key) -> None:
+  def arrive(self, key: _Key, number: int) -> None:
     with self._cond:
-      self._arrived[key] += 1
+      self._arrived[key] = max(self._arrived[key], number)
       self._cond.notify_all()
 
   def wait(self, targets: Dict[_Key, int]) -> None:
-    """Waits until `targets[key]` markers have arrived for every key.
-
-    A marker that arrives later than another dispatched after it still
-    counts: the later one proves the same for the barrier.
-    """
+    """Waits until marker `targets[key]`, or a later one, arrived for every
+    key: a later marker proves the same for the barrier, and one that never
+    arrives (its dispatch was interrupted) holds no later barrier up."""
     with self._cond:
       while any(self._arrived[key] < target for key, target in targets.items()):
         self._cond.wait(_POLL_SECONDS)
@@ -82,12 +80,12 @@ _markers = _Markers()
 _round = threading.local()
 
 
-def _marker_tap(name: str, arg: Any, transforms: Any, *, device: Any) -> None:
-  del arg, transforms
+def _marker_tap(name: str, number: Any, transforms: Any, *, device: Any) -> None:
+  del transforms
   ran_here = getattr(_round, "ran_here", None)
   if ran_here is not None:
     ran_here.add((name, device.id))
-  _markers.arrive((name, device.id))
+  _markers.arrive((name, device.id), int(number))
 
 
 @functools.lru_cache(maxsize=None)
@@ -100,9 +98,9 @@ def _marker_computation(name: str) -> Any:
                                           device_index=0)[0])
 
 
-@functools.lru_cache(maxsize=None)
-def _marker_input(device: Any) -> jax.Array:
-  return jax.device_put(np.int32(0), device)
+def _marker_input(device: Any, number: int) -> jax.Array:
+  """The marker's number, on the device that the marker runs on."""
+  return jax.device_put(np.int32(number), device)
 
 
 def _wait_for_live_arrays() -> None:
@@ -146,8 +144,8 @@ def _marker_round() -> bool:
       for device_id in device_ids:
         key = (name, device_id)
         sent_before[key] = transport.packets_sent(device_id)
-        targets[key] = _markers.next_target(key)
-        _run_marker(marker, _marker_input(local[device_id]))
+        targets[key] = _markers.next_number(key)
+        _run_marker(marker, _marker_input(local[device_id], targets[key]))
   _round.ran_here = None
   _markers.wait(targets)
   # A marker that ran here was not queued; one handed off was.

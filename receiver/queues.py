@@ -1,10 +1,11 @@
-"""A per-device packet queue bounded in bytes."""
+"""A per-device packet queue bounded in bytes, and the claim that lets a
+device thread run the device's host functions itself."""
 
 from __future__ import annotations
 
 import collections
 import threading
-from typing import Callable, Deque, List
+from typing import Callable, Deque, List, Optional
 
 from .packets import POLL_SECONDS, Packet
 
@@ -14,7 +15,16 @@ class PacketQueue:
 
   A sender that finds the queue over its bound waits (backpressure); nothing is
   ever dropped. A packet larger than the bound is accepted when the queue is
-  empty, so the bytes waiting never exceed the bound plus one packet.
+  empty, so the bytes waiting never exceed the bound plus one packet (unless
+  the consumer itself sends: it cannot wait for itself).
+
+  As the native hub does, a device thread may run a request's host function
+  itself instead of queuing it (`begin_direct`) when every packet put has
+  been consumed. Meanwhile the consumer takes nothing, so the device's host
+  functions still run one at a time and in order; a direct run that waits
+  for the consumer (a nested request that had to queue) lets it take
+  meanwhile (`suspend_direct`). A host function that the consumer runs may
+  make the consumer take again (nested, `take_all`).
 
   The queue's condition lock guards every field below it.
   """
@@ -27,45 +37,148 @@ class PacketQueue:
     self.high_water_bytes = 0
     self._enqueued = 0   # packets ever put
     self._finished = 0   # packets whose consumer has returned
+    self._taken = 0      # packets taken and not yet finished
+    self._consumer: Optional[int] = None  # the thread that took them
+    # Direct runs nest `_direct_depth` deep in the thread `_direct_owner`;
+    # the consumer takes nothing while `_direct_busy`.
+    self._direct_depth = 0
+    self._direct_owner: Optional[int] = None
+    self._direct_busy = False
 
   def put(self, packet: Packet, ensure_consumer: Callable[[], None]) -> None:
     """Appends `packet`, first waiting while the queue is over its bound.
 
     While it waits, `ensure_consumer()` runs at every poll: it starts a
-    consumer if there is none, or raises to give up.
+    consumer if there is none, or raises to give up. A direct run that
+    waits lets the consumer take meanwhile.
     """
     size = packet.nbytes
+    me = threading.get_ident()
     with self._cond:
-      # Bytes count until consumed, so a batch being consumed still counts.
-      while self._bytes and self._bytes + size > self.max_bytes:
-        self._cond.wait(POLL_SECONDS)
-        if self._bytes and self._bytes + size > self.max_bytes:
-          self._cond.release()
-          try:
-            ensure_consumer()
-          finally:
-            self._cond.acquire()
-      self._packets.append(packet)
-      self._bytes += size
-      self.high_water_bytes = max(self.high_water_bytes, self._bytes)
-      self._enqueued += 1
-      self._cond.notify_all()
+      if not self._is_full(size) or self._consuming_in(me):
+        self._append(packet, size)
+        return
+      suspended = self._suspend(me)
+      try:
+        self._wait_for_room(size, ensure_consumer)
+        self._append(packet, size)
+      finally:
+        if suspended:
+          self._resume()
+
+  def _is_full(self, size: int) -> bool:
+    return bool(self._bytes) and self._bytes + size > self.max_bytes
+
+  def _wait_for_room(self, size: int, ensure_consumer: Callable[[], None]
+                     ) -> None:
+    while self._is_full(size):
+      self._cond.wait(POLL_SECONDS)
+      if self._is_full(size):
+        self._cond.release()
+        try:
+          ensure_consumer()
+        finally:
+          self._cond.acquire()
+
+  def _append(self, packet: Packet, size: int) -> None:
+    self._packets.append(packet)
+    self._bytes += size
+    self.high_water_bytes = max(self.high_water_bytes, self._bytes)
+    self._enqueued += 1
+    self._cond.notify_all()
 
   def take_all(self, timeout: float) -> List[Packet]:
-    """Removes and returns every waiting packet, waiting up to `timeout`."""
+    """Removes and returns every waiting packet, waiting up to `timeout`.
+
+    The caller is the queue's consumer until it has finished them all.
+    """
+    me = threading.get_ident()
     with self._cond:
-      if not self._packets:
+      if not self._takeable(me):
         self._cond.wait(timeout)
+      if not self._takeable(me):
+        return []
       batch = list(self._packets)
       self._packets.clear()
+      self._taken += len(batch)
+      self._consumer = me
       return batch
+
+  def _takeable(self, thread: int) -> bool:
+    # A direct run that resumes waits until the consumer, which may take
+    # again inside a host function, has finished what it took.
+    return bool(self._packets) and (not self._direct_busy or
+                                    self._consuming_in(thread))
 
   def mark_finished(self, packet: Packet) -> None:
     """Called by the consumer thread once a packet has been consumed."""
     with self._cond:
       self._bytes -= packet.nbytes
       self._finished += 1
+      self._taken -= 1
       self._cond.notify_all()
+
+  def is_consumer(self) -> bool:
+    """Whether the calling thread is the consumer, inside a host function
+    of this device: it alone can consume what it requests."""
+    with self._cond:
+      return self._consuming_in(threading.get_ident())
+
+  def _consuming_in(self, thread: int) -> bool:
+    return bool(self._taken) and self._consumer == thread
+
+  # --- Direct runs: host functions on the device thread ---
+
+  def begin_direct(self) -> bool:
+    """Whether the calling thread may run a request's host function now.
+
+    It may when every packet put has been consumed and no other thread runs
+    one directly; then the consumer takes nothing until `end_direct`.
+    """
+    me = threading.get_ident()
+    with self._cond:
+      if self._direct_depth and self._direct_owner != me:
+        return False
+      if self._enqueued != self._finished:
+        return False  # queued packets come first
+      self._direct_depth += 1
+      self._direct_owner = me
+      self._direct_busy = True
+      return True
+
+  def end_direct(self) -> None:
+    """The host function that `begin_direct` allowed has returned."""
+    with self._cond:
+      self._direct_depth -= 1
+      if not self._direct_depth:
+        self._direct_owner = None
+        self._direct_busy = False
+        self._cond.notify_all()
+
+  def suspend_direct(self) -> bool:
+    """Lets the consumer take while the calling thread, which runs a host
+    function directly, waits for it; returns whether to `resume_direct`."""
+    with self._cond:
+      return self._suspend(threading.get_ident())
+
+  def resume_direct(self) -> None:
+    """Claims the device back once the consumer finished what it took."""
+    with self._cond:
+      self._resume()
+
+  def _suspend(self, thread: int) -> bool:
+    if not self._direct_busy or self._direct_owner != thread:
+      return False
+    self._direct_busy = False
+    self._cond.notify_all()
+    return True
+
+  def _resume(self) -> None:
+    self._direct_busy = True  # the consumer takes nothing new
+    while self._taken:
+      self._cond.wait(POLL_SECONDS)
+
+  # --- Statistics and waits ---
 
   def wait_finished(self, is_stopped: Callable[[], bool]) -> None:
     """Waits until every packet put so far has been consumed."""

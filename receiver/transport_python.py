@@ -7,9 +7,16 @@ from typing import Callable, Dict, List, Optional, Sequence, Tuple
 
 import numpy as np
 
-from .packets import Packet, ReceiverStopped, Reply
+from .packets import (POLL_SECONDS, DirectRun, DirectRunError, Packet,
+                      ReceiverStopped, Reply, device_error)
 from .queues import PacketQueue
 from .transport import QueueStats
+
+
+def _owned(arrays: Sequence[np.ndarray]) -> List[np.ndarray]:
+  """Copies of the device's arrays, whose buffers may be reused once the
+  callback returns."""
+  return [np.array(a, copy=True) for a in arrays]
 
 
 class PythonTransport:
@@ -18,6 +25,9 @@ class PythonTransport:
   One exists per process, and its queues outlive receiver restarts. `send`
   and `request` run on the thread that executes the device computation
   (JAX's host-callback machinery calls them); the receiver's threads consume.
+  As on the native transport, a request whose device queue allows it
+  (`PacketQueue.begin_direct`) runs its host function on that thread
+  instead: so a host function can run JAX code that calls the host again.
   The transport lock guards `_queues`, `_sites` and `_listener`.
   """
 
@@ -26,11 +36,13 @@ class PythonTransport:
   def __init__(self) -> None:
     self._lock = threading.Lock()
     self._queues: Dict[int, PacketQueue] = {}
-    self._sites: List[int] = []  # the consumer id of each site
+    # The consumer id of each site; None once unregistered (ids not reused).
+    self._sites: List[Optional[int]] = []
     self._listener: Optional[Callable[[int], None]] = None
     self._max_bytes = 0
     self._attached = False
     self._restart: Optional[Callable[[], None]] = None
+    self._direct: Optional[DirectRun] = None
 
   # --- Producer: what the lowering and the device use ---
 
@@ -44,6 +56,15 @@ class PythonTransport:
       self._sites.append(consumer_id)
       return len(self._sites) - 1
 
+  def unregister_site(self, site: int) -> None:
+    with self._lock:
+      self._sites[site] = None
+
+  def _consumer_of(self, site: int) -> int:
+    consumer_id = self._sites[site]
+    assert consumer_id is not None, "a device sent for an unregistered site"
+    return consumer_id
+
   def send(self, device_id: int, site: int,
            arrays: Sequence[np.ndarray]) -> None:
     """Enqueues a tap packet; waits only while the device queue is full."""
@@ -51,17 +72,61 @@ class PythonTransport:
 
   def request(self, device_id: int, site: int,
               arrays: Sequence[np.ndarray]) -> Sequence[np.ndarray]:
-    """Enqueues a call packet and waits for the host's reply."""
+    """Runs the host function here when the device's queue allows it, else
+    enqueues a call packet and waits for the host's reply."""
+    queue = self._queue(device_id)
+    run = self._direct
+    if run is not None and queue.begin_direct():
+      try:
+        return self._run_direct(run, device_id, site, arrays)
+      finally:
+        queue.end_direct()
     reply = Reply()
-    self._put(device_id, site, arrays, reply)
-    return reply.wait(self._ensure_receiver)
+    if run is not None and queue.is_consumer():
+      # A host function of this device runs JAX code: its consumer (this
+      # thread) runs the queue up to the request, as it would have.
+      self._put(device_id, site, arrays, reply)
+      while not reply.done:
+        self._consume_here(run, queue)
+      return reply.wait(self._ensure_receiver)
+    suspended = queue.suspend_direct()  # the consumer may answer
+    try:
+      self._put(device_id, site, arrays, reply)
+      return reply.wait(self._ensure_receiver)
+    finally:
+      if suspended:
+        queue.resume_direct()
+
+  def _run_direct(self, run: DirectRun, device_id: int, site: int,
+                  arrays: Sequence[np.ndarray]) -> Sequence[np.ndarray]:
+    """Runs a request's host function on this thread; raises what a device
+    answered by the receiver would."""
+    try:
+      result = run(self._consumer_of(site), device_id, _owned(arrays))
+    except DirectRunError as failure:
+      # Chained as a reply's error is (device_error sets any __cause__).
+      raise device_error(failure.error, failure.context)  # pylint: disable=raise-missing-from
+    return result if result is not None else ()
+
+  @staticmethod
+  def _consume_here(run: DirectRun, queue: PacketQueue) -> None:
+    """Consumes the next batch of `queue` on this thread, which is its
+    consumer (see `Receiver._consume`)."""
+    for packet in queue.take_all(POLL_SECONDS):
+      try:
+        result = run(packet.consumer_id, packet.device_id, packet.arrays)
+      except DirectRunError as failure:
+        if packet.reply is not None:
+          packet.reply.set_error(failure.error, failure.context)
+      else:
+        if packet.reply is not None:
+          packet.reply.set_result(result if result is not None else ())
+      queue.mark_finished(packet)
 
   def _put(self, device_id: int, site: int, arrays: Sequence[np.ndarray],
            reply: Optional[Reply]) -> None:
     self._ensure_receiver()
-    # The device's buffers may be reused once we return: keep our own copy.
-    owned = [np.array(a, copy=True) for a in arrays]
-    packet = Packet(self._sites[site], device_id, owned, reply)
+    packet = Packet(self._consumer_of(site), device_id, _owned(arrays), reply)
     self._queue(device_id).put(packet, self._ensure_receiver)
     # A receiver that detached while we put may have missed this packet.
     self._ensure_receiver()
@@ -98,7 +163,13 @@ class PythonTransport:
 
   def clear_restart_hook(self) -> None:
     self._restart = None
+    self._direct = None  # requests need a receiver, and fail without one
     self.wake_all()  # waiting senders give up
+
+  def set_direct_runner(self, run: DirectRun) -> None:
+    """Lets a device thread run a request's host function itself, with
+    `run(consumer_id, device_id, arrays)`, when its queue allows it."""
+    self._direct = run
 
   def attach(self, max_bytes: int, listener: Callable[[int], None]) -> None:
     with self._lock:

@@ -1,14 +1,17 @@
 """The receiver: barrier, stop and restart, exit, queue bound, threads, settings."""
 
 import io
+import logging
 import threading
 import time
 
 import jax
 import jax.numpy as jnp
+import numpy as np
 import pytest
 
 import host_callback as hcb
+from host_callback import settings
 from helpers import Recorder, run_python
 
 
@@ -39,9 +42,28 @@ def test_barrier_waits_for_eager_taps():
   assert [int(v) for v in rec.args] == list(range(10))
 
 
-def test_barrier_without_any_tap():
+def test_barrier_without_any_tap_returns_and_logs_its_name(caplog):
+  caplog.set_level(logging.DEBUG, logger="host_callback")
   hcb.barrier_wait()
   hcb.barrier_wait("named")
+  messages = [r.getMessage() for r in caplog.records]
+  assert messages[-2:] == ["barrier_wait[named]: start",
+                           "barrier_wait[named]: done"]
+  rec = Recorder()
+  jax.jit(lambda x: hcb.id_tap(rec, x))(1.)
+  hcb.barrier_wait()
+  assert rec.args == [1.]
+
+
+def test_barrier_in_a_process_that_never_tapped(transport):
+  done = run_python("""
+      import host_callback as hcb
+      hcb.barrier_wait()
+      hcb.barrier_wait("again")
+      print("returned")
+      """, transport=transport, timeout=60)
+  assert done.returncode == 0, done.stderr[-2000:]
+  assert done.stdout == "returned\n"
 
 
 # --- stop_outfeed_receiver -----------------------------------------------------
@@ -178,10 +200,17 @@ def test_inline_setting_exception_propagates_to_caller(inline):
 
   with pytest.raises(KeyError, match="inline error"):
     hcb.id_tap(raising, jnp.int32(1))
-  try:
-    hcb.barrier_wait()
-  except hcb.CallbackException:
-    pass
+  hcb.barrier_wait()  # the caller got it: the barrier does not raise it again
+
+
+def test_inline_call_raises_the_host_functions_own_exception(inline):
+  del inline
+  with pytest.raises(ZeroDivisionError) as info:
+    hcb.call(lambda x: 1 // int(x) * x, 0., result_shape=0.)
+  assert any("host_callback.call" in note for note in info.value.__notes__)
+  with pytest.raises(RuntimeError, match="where result_shape expects"):
+    hcb.call(lambda x: np.zeros(3), 0., result_shape=0.)
+  hcb.barrier_wait()
 
 
 def test_inline_setting_from_environment(transport):
@@ -281,6 +310,81 @@ def test_queue_bound_respected_with_slow_consumer(transport):
   assert int(lines["max_ahead"]) <= 5, result.stdout
   assert lines["bound"] == "[16000000]"
   assert lines["high_water_ok"] == "True"
+
+
+@pytest.fixture
+def smallest_queue():
+  """Restarts the receiver with the smallest queue bound."""
+  hcb.stop_outfeed_receiver()
+  jax.config.update("jax_host_callback_max_queue_byte_size",
+                    settings.MIN_QUEUE_BYTES)
+  yield settings.MIN_QUEUE_BYTES
+  hcb.stop_outfeed_receiver()
+  jax.config.update("jax_host_callback_max_queue_byte_size",
+                    settings.DEFAULT_QUEUE_BYTES)
+
+
+def _wait_until(condition, timeout=60.0) -> None:
+  """Polls `condition` (a guard against hanging, not a timed assertion)."""
+  deadline = time.monotonic() + timeout
+  while not condition() and time.monotonic() < deadline:
+    time.sleep(0.01)
+
+
+@pytest.mark.timeout(120)
+@pytest.mark.parametrize("value", [(), np.zeros((0,), np.float32),
+                                   np.float32(1.5)],
+                         ids=["empty_tuple", "zero_size", "scalar"])
+def test_tiny_taps_fill_the_bound_and_the_device_waits(transport, value,
+                                                       smallest_queue):
+  """Each packet counts its overhead, not just its data: taps that carry
+  (almost) no data fill the bound, and the device waits for room."""
+  steps = smallest_queue // 64 + 10_000  # more than fit at 64 bytes each
+  release = threading.Event()
+  received = []
+
+  def blocked(arg, transforms):
+    release.wait(60)
+    received.append(arg)
+
+  @jax.jit
+  def loop(x):
+    def body(count, _):
+      hcb.id_tap(blocked, x)
+      return count + 1, None
+    return jax.lax.scan(body, 0, None, length=steps)[0]
+
+  done = []
+  sender = threading.Thread(target=lambda: done.append(int(loop(value))),
+                            daemon=True)
+  key = (transport, jax.devices()[0])
+
+  def full():
+    stats = hcb.queue_statistics().get(key)
+    if stats is None or not stats.packets_waiting:
+      return False
+    one_packet = stats.bytes_waiting // stats.packets_waiting
+    return stats.bytes_waiting + one_packet > stats.max_bytes
+
+  try:
+    sender.start()
+    _wait_until(lambda: full() or not sender.is_alive())
+    stats = hcb.queue_statistics()[key]
+    one_packet = stats.bytes_waiting // stats.packets_waiting
+    assert sender.is_alive() and not done, "the device did not wait for room"
+    assert stats.max_bytes == smallest_queue
+    assert 64 <= one_packet <= 1024, stats
+    assert stats.packets_waiting < steps
+    assert stats.high_water_bytes <= smallest_queue + one_packet
+  finally:
+    release.set()
+  sender.join(60)
+  assert done == [steps]
+  hcb.barrier_wait()
+  assert len(received) == steps
+  stats = hcb.queue_statistics()[key]
+  assert stats.high_water_bytes <= smallest_queue + one_packet
+  assert stats.bytes_waiting == 0 and stats.packets_waiting == 0
 
 
 # --- interpreter exit ---------------------------------------------------------------
