@@ -12,7 +12,7 @@ import jax  # noqa: E402  (after XLA_FLAGS)
 import pytest  # noqa: E402
 
 import host_callback as hcb  # noqa: E402
-from host_callback import runtime  # noqa: E402
+from host_callback import runtime, settings  # noqa: E402
 
 
 @pytest.fixture(autouse=True, params=runtime.available_transports())
@@ -37,3 +37,15 @@ def both_modes(request, transport):
   del transport  # set first
   jax.config.update("jax_host_callback_outfeed", request.param == "outfeed")
   yield request.param
+
+
+@pytest.fixture
+def smallest_queue():
+  """Restarts the receiver with the smallest queue bound."""
+  hcb.stop_outfeed_receiver()
+  jax.config.update("jax_host_callback_max_queue_byte_size",
+                    settings.MIN_QUEUE_BYTES)
+  yield settings.MIN_QUEUE_BYTES
+  hcb.stop_outfeed_receiver()
+  jax.config.update("jax_host_callback_max_queue_byte_size",
+                    settings.DEFAULT_QUEUE_BYTES)

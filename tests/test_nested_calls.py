@@ -12,7 +12,6 @@ import numpy as np
 import pytest
 
 import host_callback as hcb
-from host_callback import settings
 
 # A hang would be inside a host callback, where the default (signal) method
 # cannot interrupt it: the thread method ends the run instead.
@@ -119,18 +118,6 @@ def test_error_in_a_nested_call_reaches_the_outer_host_function(both_modes):
   assert len(caught) == 1 and "bad raised ValueError: inner boom" in caught[0]
   with pytest.raises(hcb.CallbackException, match="inner boom"):
     hcb.barrier_wait()
-
-
-@pytest.fixture
-def smallest_queue():
-  """Restarts the receiver with the smallest queue bound."""
-  hcb.stop_outfeed_receiver()
-  jax.config.update("jax_host_callback_max_queue_byte_size",
-                    settings.MIN_QUEUE_BYTES)
-  yield settings.MIN_QUEUE_BYTES
-  hcb.stop_outfeed_receiver()
-  jax.config.update("jax_host_callback_max_queue_byte_size",
-                    settings.DEFAULT_QUEUE_BYTES)
 
 
 @pytest.mark.parametrize("outer", ["tap", "call"])

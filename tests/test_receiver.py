@@ -11,7 +11,6 @@ import numpy as np
 import pytest
 
 import host_callback as hcb
-from host_callback import settings
 from helpers import Recorder, run_python
 
 
@@ -310,18 +309,6 @@ def test_queue_bound_respected_with_slow_consumer(transport):
   assert int(lines["max_ahead"]) <= 5, result.stdout
   assert lines["bound"] == "[16000000]"
   assert lines["high_water_ok"] == "True"
-
-
-@pytest.fixture
-def smallest_queue():
-  """Restarts the receiver with the smallest queue bound."""
-  hcb.stop_outfeed_receiver()
-  jax.config.update("jax_host_callback_max_queue_byte_size",
-                    settings.MIN_QUEUE_BYTES)
-  yield settings.MIN_QUEUE_BYTES
-  hcb.stop_outfeed_receiver()
-  jax.config.update("jax_host_callback_max_queue_byte_size",
-                    settings.DEFAULT_QUEUE_BYTES)
 
 
 def _wait_until(condition, timeout=60.0) -> None:
