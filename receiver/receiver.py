@@ -92,21 +92,24 @@ class Receiver:
         for packet in transport.take_batch(device_id, POLL_SECONDS):
           self._consume(packet)
           transport.mark_finished(device_id, packet)
+        packet = None  # a large packet's memory returns to its pool now
       transport.release(device_id)
     finally:
       lock.release()
 
   def _consume(self, packet: Packet) -> None:
+    """Runs the packet's consumer and replies to a request. An error, also
+    one in delivering the reply (e.g. results the device cannot take), is
+    recorded for the barrier and, for a request, fails the device."""
     try:
       consumer = self._registry.get(packet.consumer_id)
       result = consumer(packet.arrays, packet.device_id)
+      if packet.reply is not None:
+        packet.reply.set_result(result if result is not None else ())
     except BaseException as error:  # pylint: disable=broad-except
       self._errors.record(error)
-      if packet.reply is not None:
+      if packet.reply is not None and not packet.reply.done:
         packet.reply.set_error(error, self._registry.context(packet.consumer_id))
-      return
-    if packet.reply is not None:
-      packet.reply.set_result(result if result is not None else ())
 
   def wait_processed(self) -> None:
     """Waits until every packet sent so far has been consumed."""

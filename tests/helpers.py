@@ -9,7 +9,8 @@ import subprocess
 import sys
 import textwrap
 import threading
-from typing import Any, Dict, Iterator, List, Optional, Tuple
+import time
+from typing import Any, Callable, Dict, Iterator, List, Optional, Tuple
 
 import jax
 import numpy as np
@@ -119,3 +120,14 @@ def run_python(code: str, env: Optional[Dict[str, Optional[str]]] = None,
   return subprocess.run(
       [sys.executable, "-c", textwrap.dedent(code)], env=child_env,
       capture_output=True, text=True, timeout=timeout, check=False)
+
+
+def wait_until(condition: Callable[[], bool], timeout: float = 60.0) -> bool:
+  """Polls `condition` until it holds, or `timeout` seconds passed (a guard
+  against hanging, not a timed assertion); returns whether it holds."""
+  deadline = time.monotonic() + timeout
+  while not condition():
+    if time.monotonic() > deadline:
+      return False
+    time.sleep(0.01)
+  return True

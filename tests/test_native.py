@@ -17,6 +17,7 @@ from jax.sharding import NamedSharding, PartitionSpec as P
 import host_callback as hcb
 from host_callback import runtime, settings
 from host_callback.receiver import transport_native
+from helpers import wait_until
 
 
 @pytest.fixture
@@ -27,25 +28,6 @@ def native_only(transport):
 
 def _native_transport():
   return runtime.transport("native")
-
-
-@pytest.fixture
-def small_queue():
-  """Restarts the receiver with the smallest queue bound."""
-  hcb.stop_outfeed_receiver()
-  jax.config.update("jax_host_callback_max_queue_byte_size",
-                    settings.MIN_QUEUE_BYTES)
-  yield settings.MIN_QUEUE_BYTES
-  hcb.stop_outfeed_receiver()
-  jax.config.update("jax_host_callback_max_queue_byte_size",
-                    settings.DEFAULT_QUEUE_BYTES)
-
-
-def _wait_until(condition, timeout=30.0) -> None:
-  deadline = time.monotonic() + timeout
-  while not condition():
-    assert time.monotonic() < deadline, "timed out"
-    time.sleep(0.01)
 
 
 def _run_in_thread(computation):
@@ -125,8 +107,8 @@ def test_hundred_thousand_taps_delivered(transport):
   assert payloads.sum() == 3 * steps * (steps - 1) // 2
 
 
-def test_queue_bound_honoured(native_only, small_queue):
-  bound = small_queue
+def test_queue_bound_honoured(native_only, smallest_queue):
+  bound = smallest_queue
   packet = 4 * 250_000  # one f32[250000] per tap
   worst = []
 
@@ -154,7 +136,7 @@ def test_queue_bound_honoured(native_only, small_queue):
 
 
 def test_stop_while_device_waits_for_room_loses_nothing(native_only,
-                                                       small_queue):
+                                                       smallest_queue):
   """Stop drains what was sent; the device, which waits for room meanwhile,
   goes on when the next receiver (started at once) consumes the rest."""
   release = threading.Event()
@@ -173,7 +155,8 @@ def test_stop_while_device_waits_for_room_loses_nothing(native_only,
 
   join = _run_in_thread(lambda: loop(jnp.zeros(1_000_000, jnp.float32)))
   transport = _native_transport()  # 4 MB per packet:
-  _wait_until(lambda: transport.stats(0).bytes_waiting >= small_queue - 4e6)
+  assert wait_until(
+      lambda: transport.stats(0).bytes_waiting >= smallest_queue - 4e6)
   threading.Timer(0.3, release.set).start()
   hcb.stop_outfeed_receiver()
   assert join() is None

@@ -24,9 +24,9 @@ def on_a_consumer_thread(transport, both_modes):
   asynchronous tap, or a call queued behind one)."""
   if transport == "native" and both_modes == "outfeed":
     # Hub::Call runs a request directly only on an idle queue; one from the
-    # consumer thread finds its own packet unfinished, queues, and waits for
-    # itself. Remove this skip once the hub lets the consumer nest.
-    pytest.skip("native: a request from the consumer thread deadlocks")
+    # consumer thread would wait for itself, and fails at once instead
+    # (test_native_request_from_a_receiver_thread_fails_at_once).
+    pytest.skip("native: a request from the consumer thread is refused")
 
 
 def _plus_one(x):
@@ -46,6 +46,28 @@ def test_call_inside_a_tap_function(on_a_consumer_thread):
   hcb.barrier_wait()
   np.testing.assert_array_equal(out, [0., 2., 4.])
   assert got == [[1., 11., 21.]]
+
+
+def test_native_request_from_a_receiver_thread_fails_at_once(transport):
+  """The documented limit: on native, in the outfeed mode, a call from a tap
+  function (run by the device's receiver thread) fails with the fix in its
+  message, where it would wait for that tap function forever."""
+  if transport != "native":
+    pytest.skip("the Python transport answers it")
+  errors = []
+
+  def tap(x, transforms):
+    try:
+      _inner_call(x)
+    except Exception as error:  # pylint: disable=broad-except
+      errors.append(str(error))
+
+  jax.jit(lambda x: hcb.id_tap(tap, x))(1.)
+  hcb.barrier_wait()
+  assert len(errors) == 1
+  assert "cannot be answered on the native transport" in errors[0]
+  assert "jax_host_callback_outfeed=False" in errors[0]
+  assert float(_inner_call(1.)) == 2.  # and the device goes on
 
 
 def test_call_inside_a_call(both_modes):

@@ -11,7 +11,7 @@ import numpy as np
 import pytest
 
 import host_callback as hcb
-from helpers import Recorder, run_python
+from helpers import Recorder, run_python, wait_until
 
 
 def slow_recorder(rec, seconds=0.002):
@@ -311,13 +311,6 @@ def test_queue_bound_respected_with_slow_consumer(transport):
   assert lines["high_water_ok"] == "True"
 
 
-def _wait_until(condition, timeout=60.0) -> None:
-  """Polls `condition` (a guard against hanging, not a timed assertion)."""
-  deadline = time.monotonic() + timeout
-  while not condition() and time.monotonic() < deadline:
-    time.sleep(0.01)
-
-
 @pytest.mark.timeout(120)
 @pytest.mark.parametrize("value", [(), np.zeros((0,), np.float32),
                                    np.float32(1.5)],
@@ -355,7 +348,7 @@ def test_tiny_taps_fill_the_bound_and_the_device_waits(transport, value,
 
   try:
     sender.start()
-    _wait_until(lambda: full() or not sender.is_alive())
+    wait_until(lambda: full() or not sender.is_alive())
     stats = hcb.queue_statistics()[key]
     one_packet = stats.bytes_waiting // stats.packets_waiting
     assert sender.is_alive() and not done, "the device did not wait for room"

@@ -3,6 +3,7 @@
     python -m tools.bench                 # print the table
     python -m tools.bench --write docs    # also write docs/benchmarks.md (+ plot)
     python -m tools.bench --quick         # smaller sizes, for a smoke test
+    python -m tools.bench --only "MiB"    # only the rows whose name matches
 
 Rows run in the outfeed mode (asynchronous taps) unless they say
 "synchronous" (the CPU default). Each row times one scenario for
@@ -11,6 +12,13 @@ for `jax.debug.callback`, `jax.experimental.io_callback(ordered=True)` and, for
 calls, `jax.pure_callback`; ratios are `baseline time / host_callback time`
 (above 1: host_callback is faster). Times are the median of `--repeat` runs
 after a warm-up run that compiles.
+
+The large-array rows also time `jit(lambda x: x + 1)` on the same array, one
+pass over the data: the yardstick for a tap (one copy) and a call. Their
+taps return one element of the array, not the array: a jitted function that
+returns its argument makes XLA copy it into a new output buffer, which would
+time XLA rather than the callback. The "size sweep" rows time an outfeed tap
+of 4 bytes to 1 GiB on each transport.
 """
 
 from __future__ import annotations
@@ -18,6 +26,7 @@ from __future__ import annotations
 import argparse
 import os
 import platform
+import re
 import statistics
 import time
 from typing import Callable, Dict, List, Optional, Tuple
@@ -27,7 +36,6 @@ os.environ.setdefault("XLA_FLAGS", "--xla_force_host_platform_device_count=4")
 
 import jax  # noqa: E402  (after XLA_FLAGS)
 import jax.numpy as jnp  # noqa: E402
-import numpy as np  # noqa: E402
 from jax.experimental import io_callback  # noqa: E402
 
 import host_callback as hcb  # noqa: E402
@@ -62,6 +70,11 @@ def _tap_io(func: Callable) -> Callable:
   return tap
 
 
+def _first(tap: Callable) -> Callable:
+  """`tap`, returning one element: no output copy of the tapped array."""
+  return lambda x: tap(x).ravel()[0]
+
+
 def _call_hcb(func: Callable) -> Callable:
   return lambda x: hcb.call(func, x, result_shape=x)
 
@@ -80,9 +93,16 @@ def _nothing(func: Callable) -> Callable:
   return lambda x: x
 
 
+def _plus_one(func: Callable) -> Callable:
+  del func
+  return lambda x: x + 1
+
+
 TAPPERS = {"debug.callback": _tap_debug, "io_callback": _tap_io}
 CALLERS = {"pure_callback": _call_pure, "io_callback": _call_io}
 NOTHING = {"no callback": _nothing}
+# The yardstick of the large-array rows: one pass over the same array.
+YARDSTICK = {"jit(x+1)": _plus_one}
 
 
 # --- Measurements --------------------------------------------------------------
@@ -201,7 +221,8 @@ def _synchronous(measure: Callable[[], float]) -> Callable[[], float]:
   return run
 
 
-def collect(quick: bool, repeat: int) -> List[Row]:
+def collect(quick: bool, repeat: int, only: str = "") -> List[Row]:
+  """The rows whose scenario matches the regular expression `only`."""
   transports = runtime.available_transports()
   scale = 10 if quick else 1
   rows: List[Row] = []
@@ -212,6 +233,8 @@ def collect(quick: bool, repeat: int) -> List[Row]:
   def add(scenario: str, unit: str, ours: Callable[[Callable], float],
           baselines: Dict[str, Callable], factory: Callable,
           synchronous: bool = False) -> None:
+    if not re.search(only, scenario):
+      return
     mode = _synchronous if synchronous else (lambda measure: measure)
     values = {f"hcb[{t}]": _with_transport(t, mode(lambda: ours(factory)))
               for t in transports}
@@ -246,6 +269,38 @@ def collect(quick: bool, repeat: int) -> List[Row]:
   add("tap of 32 MiB f32[8,1024,1024] (until drained)", "ms",
       lambda make: 1e3 * _one_shot_times(make(_noop), big, repeat)[0],
       TAPPERS, _tap_hcb)
+  identity = lambda a: a  # noqa: E731
+  for mib in (32, 256):
+    shape = f"f32[{mib // 4},1024,1024]"
+    taps = [f"large tap of {mib} MiB {shape}, until the host function ran"
+            + (" (synchronous)" if synchronous else "")
+            for synchronous in (False, True)]
+    call = f"large call round trip of {mib} MiB {shape}, identity"
+    if not any(re.search(only, name) for name in (*taps, call)):
+      continue  # do not allocate the array
+    array = jnp.zeros((mib // 4, 1024, 1024), jnp.float32)
+    for synchronous, scenario in zip((False, True), taps):
+      add(scenario, "ms",
+          lambda make, a=array: 1e3 * _one_shot_times(make(_noop), a,
+                                                       repeat)[0],
+          {**YARDSTICK, "io_callback": lambda f: _first(_tap_io(f))},
+          lambda f: _first(_tap_hcb(f)), synchronous=synchronous)
+    add(call, "ms",
+        lambda make, a=array: 1e3 * _one_shot_times(make(identity), a,
+                                                     repeat)[0],
+        {**YARDSTICK, **CALLERS}, _call_hcb)
+    del array
+  for size, label in ((1, "4 B"), (1 << 14, "64 KiB"), (1 << 18, "1 MiB"),
+                      (1 << 22, "16 MiB"), (1 << 28, "1 GiB")):
+    scenario = f"size sweep: tap of {label} f32[{size}] (until drained)"
+    if not re.search(only, scenario):
+      continue
+    array = jnp.zeros(size, jnp.float32)
+    add(scenario, "ms",
+        lambda make, a=array: 1e3 * _one_shot_times(make(_noop), a,
+                                                     repeat)[0],
+        {}, lambda f: _first(_tap_hcb(f)))
+    del array
   taps = 1000 // scale
   for index, label in ((0, "jitted call returns"), (1, "result ready"),
                        (2, "consumers drained")):
@@ -265,12 +320,15 @@ def collect(quick: bool, repeat: int) -> List[Row]:
   add("call x+1, one jitted call", "µs",
       lambda make: 1e6 * _one_shot_times(make(plus_one), jnp.float32(0),
                                          repeat)[0], CALLERS, _call_hcb)
-  add("call round trip of 32 MiB f32[8,1024,1024]", "ms",
+  add("call round trip of 32 MiB f32[8,1024,1024] (x+1)", "ms",
       lambda make: 1e3 * _one_shot_times(make(plus_one), big, repeat)[0],
       CALLERS, _call_hcb)
   for label, prepare in (("1 device", lambda: None),
                          (f"{jax.device_count()} devices", _open_all_devices)):
-    rows.append((f"idle barrier_wait, {label} (jax: effects_barrier)", "µs", {
+    scenario = f"idle barrier_wait, {label} (jax: effects_barrier)"
+    if not re.search(only, scenario):
+      continue
+    rows.append((scenario, "µs", {
         **{f"hcb[{t}]": _with_transport(
             t, lambda: (prepare(), 1e6 * _idle_barrier(hcb.barrier_wait))[1])
            for t in transports},
@@ -311,29 +369,51 @@ def _short_label(scenario: str) -> str:
   return f"{what}\n{until}"
 
 
+def _bars(ax, selected: List[Row], labels: List[str], unit: str) -> None:
+  names: List[str] = []
+  for _, _, values in selected:
+    names += [n for n in values if n not in names]
+  width = 0.8 / len(names)
+  for i, name in enumerate(names):
+    ax.bar([j + i * width for j in range(len(selected))],
+           [r[2].get(name, 0) for r in selected], width, label=name)
+  ax.set_xticks([j + 0.4 - width / 2 for j in range(len(selected))])
+  ax.set_xticklabels(labels, fontsize=7)
+  ax.set_yscale("log")
+  ax.set_ylabel(f"{unit} (log scale)")
+  ax.legend(fontsize=7, ncol=min(len(names), 4), loc="upper center",
+            bbox_to_anchor=(0.5, -0.2))
+
+
+def _large_label(scenario: str) -> str:
+  """'large tap of 32 MiB f32[..], until ... (synchronous)' -> short lines."""
+  words = scenario.split()
+  what = " ".join(words[1:words.index("MiB") + 1])
+  return what + ("\nsynchronous" if "synchronous" in scenario else "")
+
+
 def plot(rows: List[Row], path: str) -> Optional[str]:
-  """A bar chart of the per-step rows (log scale), if matplotlib is there."""
+  """Bar charts (log scale), if matplotlib is there: the per-step rows, and
+  the large-array rows against their yardstick `jit(x+1)`."""
   try:
     import matplotlib
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
   except ImportError:
     return None
-  selected = [r for r in rows if r[1] == "µs" and "per step" in r[0]]
-  names: List[str] = []
-  for _, _, values in selected:
-    names += [n for n in values if n not in names]
-  fig, ax = plt.subplots(figsize=(10, 4.5))
-  width = 0.8 / len(names)
-  for i, name in enumerate(names):
-    ax.bar([j + i * width for j in range(len(selected))],
-           [r[2].get(name, 0) for r in selected], width, label=name)
-  ax.set_xticks([j + 0.4 - width / 2 for j in range(len(selected))])
-  ax.set_xticklabels([_short_label(r[0]) for r in selected], fontsize=8)
-  ax.set_yscale("log")
-  ax.set_ylabel("µs per scan step (log scale)")
-  ax.legend(fontsize=8, ncol=len(names), loc="upper center",
-            bbox_to_anchor=(0.5, -0.12))
+  panels = [
+      ([r for r in rows if r[1] == "µs" and "per step" in r[0]],
+       _short_label, "µs per scan step"),
+      ([r for r in rows if r[0].startswith("large ")], _large_label,
+       "ms per tap or call"),
+  ]
+  panels = [panel for panel in panels if panel[0]]
+  if not panels:
+    return None
+  fig, axes = plt.subplots(len(panels), 1,
+                           figsize=(10, 4.5 * len(panels)), squeeze=False)
+  for ax, (selected, label, unit) in zip(axes[:, 0], panels):
+    _bars(ax, selected, [label(r[0]) for r in selected], unit)
   fig.tight_layout()
   fig.savefig(path)
   return path
@@ -344,10 +424,12 @@ def main() -> None:
   parser.add_argument("--quick", action="store_true",
                       help="10x smaller sizes, for a smoke test")
   parser.add_argument("--repeat", type=int, default=3)
+  parser.add_argument("--only", default="", metavar="REGEX",
+                      help="run only the rows whose scenario matches")
   parser.add_argument("--write", metavar="DOCS_DIR",
                       help="also write DOCS_DIR/benchmarks.md and a plot")
   options = parser.parse_args()
-  rows = collect(options.quick, options.repeat)
+  rows = collect(options.quick, options.repeat, options.only)
   table = format_table(rows)
   print(machine())
   print(table)

@@ -7,7 +7,9 @@
 // the whole process; a receiver attaches to and detaches from them. A device
 // that sends while no receiver is attached calls the restart hook (the only
 // call into Python), which attaches a new one. Every wait re-checks at least
-// every kPollInterval.
+// every kPollInterval. A wait on Python's main thread also checks for Ctrl-C
+// (the interrupt hook). No method lets a C++ exception escape with state
+// half-changed: callers (c_api.cc, ffi_handlers.cc) turn them into errors.
 
 #ifndef HOST_CALLBACK_RECEIVER_NATIVE_HUB_H_
 #define HOST_CALLBACK_RECEIVER_NATIVE_HUB_H_
@@ -20,6 +22,7 @@
 #include <deque>
 #include <memory>
 #include <mutex>
+#include <shared_mutex>
 #include <string>
 #include <thread>
 #include <unordered_map>
@@ -45,6 +48,11 @@ struct IndexEntry {
   int64_t site;
   int64_t request_id;
   int64_t size;
+  // A large packet is not copied into the destination: `block` is its Block
+  // (lent to the consumer, see Hub::ReturnBlock) and `address` its first
+  // byte. Both 0 for a packet in the destination buffer.
+  int64_t block;
+  int64_t address;
 };
 
 constexpr auto kPollInterval = std::chrono::milliseconds(50);
@@ -57,14 +65,53 @@ struct Span {
   int64_t bytes;
 };
 
-// The outcome of a device-side operation: empty when it succeeded.
-using Status = std::string;
+// Why an operation failed: canonical (absl) status codes, as XLA's FFI
+// numbers them (ffi_handlers.cc checks that they agree).
+enum class Code : uint8_t {
+  kOk = 0,
+  kCancelled = 1,
+  kInvalidArgument = 3,
+  kNotFound = 5,
+  kFailedPrecondition = 9,
+  kResourceExhausted = 8,
+  kInternal = 13,
+  kUnavailable = 14,
+};
 
-// A block where one device writes packets back to back.
+// The outcome of a device-side operation.
+struct Status {
+  Code code = Code::kOk;
+  std::string message;
+
+  bool ok() const { return code == Code::kOk; }
+};
+
+// Packets of at least this many bytes are large: each is written into a
+// Block of its own, which the host function's arrays then view, instead of
+// being copied a second time into the receiver's batch buffer. Smaller ones
+// are written back to back into chunks and copied in batches.
+constexpr int64_t kLargePacket = 256 << 10;
+
+// The memory of one large packet: pages mapped for it (transparent huge
+// pages where the kernel allows), reused through the Hub's pool. A block
+// belongs to one packet at a time: the queue's while it waits, then the
+// consumer's (a host function's arrays view it) until Hub::ReturnBlock.
+struct Block {
+  uint8_t* data;
+  int64_t capacity;
+};
+
+// A block where one device writes packets back to back; or, for one large
+// packet, a wrapper of its Block.
 struct Chunk {
   explicit Chunk(int64_t capacity)
       : data(new uint8_t[capacity]), capacity(capacity) {}
+  explicit Chunk(Block* block)
+      : block(block), capacity(block->capacity) {}
+  ~Chunk();
+  uint8_t* begin() const { return block != nullptr ? block->data : data.get(); }
   std::unique_ptr<uint8_t[]> data;
+  Block* block = nullptr;  // owned: a large packet's, until Take lends it
   int64_t capacity;
   int64_t used = 0;  // bytes of complete packets; guarded by the queue's `mu`
 };
@@ -90,6 +137,8 @@ struct DeviceQueue {
   bool direct_busy = false;
   int direct_depth = 0;
   std::thread::id direct_owner;
+  // The consumer thread while it consumes a taken batch (until its next Take).
+  std::thread::id consumer;
   int64_t bytes = 0;                  // pushed and not yet released
   int64_t high_water = 0;
   int64_t enqueued = 0;               // packets ever pushed
@@ -106,26 +155,45 @@ struct ReplySlot {
   std::mutex mu;
   std::condition_variable cv;
   std::atomic<int> state{0};          // kPending, kDone or kFailed
-  std::string error;
+  std::string error;                  // written before state turns kFailed
 };
 constexpr int kPending = 0, kDone = 1, kFailed = 2;
+
+// What became of a reply (the values are hcb_reply's return codes).
+enum class ReplyOutcome : int { kDelivered = 0, kNoWaiter = 1, kSizeMismatch = 2 };
 
 // Called by a device that needs a receiver while none is attached; returns 0
 // once one is attached.
 using RestartHook = int (*)();
 
+// Called, with the GIL, by a device that waits on Python's main thread (every
+// kPollInterval): returns nonzero when Ctrl-C (SIGINT) is pending, clearing
+// it, so that the wait gives up.
+using InterruptHook = int (*)();
+// Python's PyErr_SetInterrupt (callable without the GIL): called once the
+// interrupt hook returned nonzero, so that Python raises KeyboardInterrupt
+// again as soon as the failed computation returns to it.
+using Rearm = void (*)();
+
 // Runs a request's host function on the device thread (Python, through
 // ctypes, which takes the GIL): the arguments' data and sizes, and where the
-// results go. Returns 0 when done, 1 on error (with a message in `error`,
+// results go. For a large request (at least kLargePacket bytes as a packet)
+// the hub has already copied the arguments into `block` (else 0), laid out
+// as a packet at `packet`; the runner then owns the block and returns it
+// with Hub::ReturnBlock once no array views it. Returns 0 when done, 1 on error (with a message in `error`,
 // `error_capacity` bytes), 2 when it cannot, so the request is handed to the
-// receiver thread instead.
+// receiver thread instead, 3 when Ctrl-C interrupted the host function (with
+// a message; the hub re-arms Ctrl-C, see Rearm).
 using DirectRunner = int (*)(int64_t device_id, int64_t site,
-                             void* const* args, const int64_t* arg_bytes,
+                             int64_t block, void* packet, void* const* args, const int64_t* arg_bytes,
                              int64_t num_args, void* const* results,
                              const int64_t* result_bytes, int64_t num_results,
                              char* error, int64_t error_capacity);
 
-// The process-wide state. `mu_` guards `queues_`, `slots_` and `next_request_`.
+// The process-wide state. `mu_` guards `queues_`, `slots_` and
+// `next_request_`; `sites_mu_` guards `sites_`. A reply slot leaves `slots_`
+// when its device gives up or when a replier claims it; a claimed slot is
+// finished (outside `mu_`) before its device may return.
 class Hub {
  public:
   static Hub& Get();
@@ -145,24 +213,39 @@ class Hub {
   // With a runner, a request whose device has nothing queued runs its host
   // function on the device thread instead of a round trip to the receiver.
   void SetDirectRunner(DirectRunner runner);
+  // Waits on the thread `main_thread` (pthread_self() of Python's main
+  // thread) call `hook`, then `rearm` when it reports Ctrl-C; none without a
+  // hook.
+  void SetInterruptHook(InterruptHook hook, Rearm rearm, uint64_t main_thread);
+
+  // Records the byte size of each array that the packets of `site` carry;
+  // a device that sends other sizes fails instead of sending.
+  void RegisterSite(int64_t site, std::vector<int64_t> array_bytes);
+  // Forgets a site; a device that sends to it from now on fails. Returns
+  // whether it was registered.
+  bool UnregisterSite(int64_t site);
 
   // The queue of a device, created on first use; never freed.
   DeviceQueue* Queue(int64_t device_id);
 
-  // Device side: copies `arrays` into a new packet on the device's queue,
-  // first waiting while the queue is over its bound.
+  // Device side: checks `arrays` against the site, then copies them into a
+  // new packet on the device's queue, first waiting while the queue is over
+  // its bound. This is the packet's only copy when it is large (a block from
+  // the pool, which the host function's arrays then view).
   Status Send(int64_t device_id, int64_t site, int64_t request_id,
               const Span* arrays, size_t num_arrays);
-  // Device side: sends a call packet, then waits for its reply, written into
-  // `outputs`.
+  // Device side: sends a call packet (or runs it directly), then waits for
+  // its reply, written into `outputs`.
   Status Call(int64_t device_id, int64_t site, const Span* arrays,
               size_t num_arrays, const Span* outputs, size_t num_outputs);
 
-  // Consumer side: copies the next waiting packets, in order, back to back
-  // into `dst` (`capacity` bytes) and describes them in `index` (at most
-  // `max_packets`), waiting up to `timeout_s` for the first. Returns the
-  // number of entries; calls whose device gave up are left out. Returns 0
-  // with `*needed` set when the next packet is larger than `capacity`.
+  // Consumer side: describes the next waiting packets, in order, in `index`
+  // (at most `max_packets`), waiting up to `timeout_s` for the first. Small
+  // packets are copied back to back into `dst` (`capacity` bytes); large
+  // ones are not copied: their blocks are lent to the consumer, which gives
+  // each back with ReturnBlock. Returns the number of entries; calls whose
+  // device gave up are left out. Returns 0 with `*needed` set when the next
+  // small packet is larger than `capacity`.
   int64_t Take(int64_t device_id, double timeout_s, uint8_t* dst,
                int64_t capacity, IndexEntry* index, int64_t max_packets,
                int64_t* needed);
@@ -171,15 +254,49 @@ class Hub {
   // Waits up to `timeout_s` until `target` packets are finished.
   bool WaitFinished(int64_t device_id, int64_t target, double timeout_s);
 
+  // A block of at least `bytes`: a free one from the pool (which the
+  // device has touched before, so no page faults) or a new one. Throws
+  // std::bad_alloc when the system has no memory for it.
+  Block* AcquireBlock(int64_t bytes);
+  // Gives a block back once nothing views it: kept in the pool for reuse
+  // while the pool holds at most the queue bound plus kPoolSlack bytes,
+  // else unmapped (the oldest free blocks first).
+  void ReturnBlock(Block* block) noexcept;
+  // Writes the pool's free bytes, free blocks, blocks out of the pool (in
+  // queues or lent) and bytes mapped in all.
+  void PoolStats(int64_t* out);
+
   // Posts the result (or error) of request `request_id`; false if no
-  // device waits for it any more.
-  bool Reply(int64_t request_id, const Span* results, size_t num_results,
-             std::string* mismatch);
-  bool ReplyError(int64_t request_id, const std::string& message);
+  // device waits for it any more. The result bytes are copied outside `mu_`.
+  // When their sizes do not match the device's outputs, the device fails
+  // with a message that says so.
+  ReplyOutcome Reply(int64_t request_id, const Span* results,
+                     size_t num_results);
+  bool ReplyError(int64_t request_id, std::string message);
 
  private:
+  class PendingRequest;
+
   Hub() = default;
+  Status CheckSite(int64_t site, const Span* arrays, size_t num_arrays);
+  // Send after CheckSite.
+  Status Push(int64_t device_id, int64_t site, int64_t request_id,
+              const Span* arrays, size_t num_arrays);
+  // Runs a request's host function on the device thread when the queue is
+  // idle; false when it did not (the request then goes through the queue).
+  bool RunDirect(DirectRunner runner, DeviceQueue* queue, int64_t device_id,
+                 int64_t site, const Span* arrays, size_t num_arrays,
+                 const Span* outputs, size_t num_outputs, Status* status);
+  // Whether a signal handler raised on the main thread (see InterruptHook).
+  bool Interrupted();
+  // Takes the slot of `request_id` out of `slots_` for its replier.
+  ReplySlot* Claim(int64_t request_id);
   Chunk* ChunkWithRoom(DeviceQueue* queue, int64_t size);
+  // Push for a large packet: reserves its room in the bound, copies it into
+  // a block with `queue->mu` unlocked, then queues it.
+  Status PushLarge(int64_t device_id, DeviceQueue* queue, std::unique_lock<std::mutex>& lock,
+                   int64_t size, int64_t site, int64_t request_id,
+                   const Span* arrays, size_t num_arrays);
   void Finish(ReplySlot* slot, int state);
   // Empty when a receiver is attached, after calling the hook if needed.
   Status EnsureReceiver(int64_t device_id);
@@ -192,10 +309,15 @@ class Hub {
   // Returns whether it changed anything, for ResumeDirect.
   bool SuspendDirect(DeviceQueue* queue);
   void ResumeDirect(DeviceQueue* queue);
+  // Whether the calling thread is the device's consumer, inside a batch.
+  bool IsConsumer(DeviceQueue* queue);
 
   std::atomic<bool> attached_{false};
   std::atomic<RestartHook> restart_hook_{nullptr};
   std::atomic<DirectRunner> direct_runner_{nullptr};
+  std::atomic<InterruptHook> interrupt_hook_{nullptr};
+  std::atomic<Rearm> rearm_{nullptr};
+  std::atomic<uint64_t> main_thread_{0};
   std::atomic<int64_t> wake_generation_{0};
   std::atomic<int64_t> max_bytes_{256'000'000};
   std::mutex mu_;
@@ -205,6 +327,15 @@ class Hub {
   std::atomic<DeviceQueue*> fast_[kFastDeviceIds] = {};
   std::unordered_map<int64_t, ReplySlot*> slots_;
   int64_t next_request_ = 1;
+  std::shared_mutex sites_mu_;
+  std::unordered_map<int64_t, std::vector<int64_t>> sites_;
+  // The pool of free blocks, oldest first, and its counts; all guarded by
+  // `pool_mu_`, under which no other lock is taken.
+  std::mutex pool_mu_;
+  std::deque<Block*> free_blocks_;
+  int64_t free_bytes_ = 0;
+  int64_t blocks_out_ = 0;
+  int64_t mapped_bytes_ = 0;
 };
 
 }  // namespace hcb
