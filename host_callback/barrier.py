@@ -94,13 +94,16 @@ def _marker_computation(name: str) -> Any:
   function = HostFunction(functools.partial(_marker_tap, name),
                           jax.tree_util.tree_structure(0), with_device=True,
                           is_call=False)
-  return jax.jit(lambda x: primitive.bind([x], function=function, num_args=1,
-                                          device_index=0)[0])
+  # `on_device`, a zero committed to a device, places the computation there
+  # (so it must be used); the marker's number, a Python int, follows it,
+  # which costs less than a device_put.
+  return jax.jit(lambda on_device, number: primitive.bind(
+      [on_device + number], function=function, num_args=1, device_index=0)[0])
 
 
-def _marker_input(device: Any, number: int) -> jax.Array:
-  """The marker's number, on the device that the marker runs on."""
-  return jax.device_put(np.int32(number), device)
+@functools.lru_cache(maxsize=None)
+def _on_device(device: Any) -> jax.Array:
+  return jax.device_put(np.int32(0), device)
 
 
 def _wait_for_live_arrays() -> None:
@@ -112,11 +115,11 @@ def _wait_for_live_arrays() -> None:
     pass  # a failed computation reports its error through its outputs
 
 
-def _run_marker(marker: Any, x: jax.Array) -> None:
+def _run_marker(marker: Any, on_device: jax.Array, number: int) -> None:
   """Runs a marker; Ctrl-C while a Python-transport marker waits inside
   JAX's callback comes back as JAX's callback error: raise it as itself."""
   try:
-    marker(x)
+    marker(on_device, number)
   except Exception as error:  # pylint: disable=broad-except
     if "KeyboardInterrupt" in str(error):
       raise KeyboardInterrupt from error
@@ -145,7 +148,7 @@ def _marker_round() -> bool:
         key = (name, device_id)
         sent_before[key] = transport.packets_sent(device_id)
         targets[key] = _markers.next_number(key)
-        _run_marker(marker, _marker_input(local[device_id], targets[key]))
+        _run_marker(marker, _on_device(local[device_id]), targets[key])
   _round.ran_here = None
   _markers.wait(targets)
   # A marker that ran here was not queued; one handed off was.
