@@ -68,10 +68,9 @@ class _Interner:
     key = (_hash_of(function.func), function._signature())
     with self._lock:
       bucket = self._buckets.setdefault(key, [])
-      for ref in bucket:
+      for ref in bucket:  # the key holds the signature: compare callables
         live = ref()
-        if (live is not None and live._signature() == function._signature()
-            and _same_callable(live.func, function.func)):
+        if live is not None and _same_callable(live.func, function.func):
           return live
       bucket.append(weakref.ref(function, lambda r: self._forget(key, r)))
       return function

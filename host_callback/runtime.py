@@ -6,7 +6,7 @@ import dataclasses
 import functools
 import threading
 import weakref
-from typing import Any, Dict, List, Sequence, Tuple
+from typing import Any, Dict, List, Sequence, Set, Tuple
 
 import jax
 import numpy as np
@@ -63,7 +63,8 @@ class _Registrations:
   """What the receiver holds for one live host function: a consumer per
   `transforms`, and the sites of its compiled operations."""
   consumer_ids: Dict[Transforms, int] = dataclasses.field(default_factory=dict)
-  sites: List[Tuple[str, int]] = dataclasses.field(default_factory=list)
+  # A transport gives one site again to a lowering with the same layout.
+  sites: Set[Tuple[str, int]] = dataclasses.field(default_factory=set)
 
 
 _registrations: "weakref.WeakKeyDictionary[HostFunction, _Registrations]" = (
@@ -110,7 +111,7 @@ def register_site(producer: Transport, function: HostFunction,
   """A new site of `producer` for `function` under `transforms`."""
   site = producer.register_site(register(function, transforms), dtypes, shapes)
   with _registrations_lock:
-    _registrations_of(function).sites.append((producer.name, site))
+    _registrations_of(function).sites.add((producer.name, site))
   return site
 
 
