@@ -260,6 +260,15 @@ def set_token_op_sharding(ctx: Any, op: Any, place: ExecutionPlace,
   _mlir.set_sharding(ctx.module_context, op, sharding)
 
 
+def set_per_device_sharding(ctx: Any, op: Any) -> None:
+  """Inside a shard_map, annotates an op returning a token to run on each
+  device, as a tap there is; elsewhere leaves it be."""
+  axis_context = ctx.module_context.axis_context
+  if isinstance(axis_context, _sharding_impls.SPMDAxisContext):
+    place = ExecutionPlace(None, tuple(axis_context.mesh.devices.flat))
+    set_token_op_sharding(ctx, op, place, [])
+
+
 def _no_host_callback(*args: Any) -> None:
   del args  # never called: its presence is what matters
 
@@ -333,20 +342,24 @@ def scope_eqn(top_jaxpr: Any, primitive: Any, effects: Any) -> Any:
   return closed_type(outer, top_jaxpr.consts) if closed else outer
 
 
-def lower_scope_body(ctx: Any, jaxpr: Any, args: Sequence[Any],
-                     effect: Any) -> List[Any]:
+def lower_scope_body(ctx: Any, jaxpr: Any, args: Sequence[Any], effect: Any,
+                     open_token: Callable[[Any], Any],
+                     close_token: Callable[[Any], None]) -> List[Any]:
   """Lowers `jaxpr` inline with a new token for `effect`, which JAX threads
   through the body's control flow; the other effects' tokens pass through.
 
+  `open_token(token)` returns the token the body starts from, and
+  `close_token` gets the one it ends with.
   Wraps jax._src.interpreters.mlir.jaxpr_subcomp and hlo.create_token.
   """
   tokens = mlir.TokenSet({**dict(ctx.tokens_in.items()),
-                          effect: hlo.create_token()})
+                          effect: open_token(hlo.create_token())})
   num_consts = len(jaxpr.constvars)
   outs, tokens_out = _mlir.jaxpr_subcomp(
       ctx.module_context, jaxpr, ctx.name_stack, tokens, args[:num_consts],
       *args[num_consts:], dim_var_values=ctx.dim_var_values,
       const_lowering=ctx.const_lowering, outer_traceback=ctx.traceback)
+  close_token(tokens_out.get(effect))
   ctx.set_tokens_out(mlir.TokenSet(
       {e: t for e, t in tokens_out.items() if e is not effect}))
   return list(outs)

@@ -8,10 +8,14 @@ marker's tap has run, every callback sent before the marker has run too.
 On an accelerator a device runs its computations in dispatch order, so that
 covers every computation dispatched before the barrier. JAX's CPU client
 does not: a computation whose inputs are not ready yet runs when they are,
-after later computations whose inputs were. So the barrier first waits for
-every live array (the outputs the program holds, and so the computations
-that make them), and repeats the markers while packets keep arriving that
-they did not account for (computations whose outputs were dropped).
+after later computations whose inputs were, and one dispatched by another
+thread runs beside the markers. So the barrier first waits for every live
+array (the outputs the program holds, and so the computations that make
+them), then, before each round of markers, for a moment when none of our
+computations is running (they count their executions, see `executions`).
+It repeats the markers while computations begin or packets arrive that they
+did not account for (computations whose inputs were not ready, or another
+thread's).
 """
 
 from __future__ import annotations
@@ -26,7 +30,7 @@ from typing import Any, Dict, Optional, Tuple
 import jax
 import numpy as np
 
-from . import primitive, runtime, settings
+from . import executions, primitive, runtime, settings
 from .host_functions import HostFunction
 from .receiver import in_consumer_thread
 
@@ -37,6 +41,13 @@ _POLL_SECONDS = 0.05
 # rounds (another thread may be tapping without pause).
 _SETTLE_SECONDS = 0.02
 _MAX_ROUNDS = 500
+# A computation that stays in flight this long while no packet is sent or
+# waits was probably stopped by an op that is not ours (say, a
+# jax.pure_callback that raised), which never counts it as ended; the
+# barrier stops waiting for it. Sooner when a live array reported a failed
+# computation.
+_STALLED_SECONDS = 2.0
+_STALLED_AFTER_FAILURE_SECONDS = 0.5
 
 # (transport name, device id)
 _Key = Tuple[str, int]
@@ -106,13 +117,80 @@ def _on_device(device: Any) -> jax.Array:
   return jax.device_put(np.int32(0), device)
 
 
-def _wait_for_live_arrays() -> None:
-  """Waits for the computations that make the arrays the program holds."""
+def _wait_for_live_arrays() -> Tuple[bool, bool]:
+  """Waits for the computations that make the arrays the program holds.
+
+  Returns whether some were not ready (computations that read them may
+  begin only now) and whether some failed.
+  """
   arrays = jax.live_arrays()
+  pending = not all(_is_ready(a) for a in arrays)
   try:
     jax.block_until_ready(arrays)
   except Exception:  # pylint: disable=broad-except
-    pass  # a failed computation reports its error through its outputs
+    return pending, True  # a failed computation reports its error there
+  return pending, False
+
+
+def _is_ready(array: jax.Array) -> bool:
+  try:
+    return array.is_ready()
+  except Exception:  # pylint: disable=broad-except
+    return True  # deleted meanwhile
+
+
+class _InFlight:
+  """Waits for moments when none of our computations is running, except
+  those given up on (which a foreign op stopped, see _STALLED_SECONDS)."""
+
+  def __init__(self) -> None:
+    self._lock = threading.Lock()
+    self._given_up = 0
+
+  def wait(self, stalled_seconds: float) -> None:
+    executions.reset_low_water()
+    delay, last, last_change = 1e-4, None, time.monotonic()
+    while True:
+      begun, in_flight, low_water = executions.counts()
+      fewest = min(in_flight, low_water)
+      with self._lock:
+        if fewest <= self._given_up:
+          self._given_up = fewest
+          return
+      now = time.monotonic()
+      sent, waiting = _queue_activity()
+      state = (begun, in_flight, sent, waiting)
+      if state != last or waiting:
+        last, last_change = state, now
+      elif now - last_change >= stalled_seconds:
+        self._give_up(in_flight, now - last_change)
+        return
+      time.sleep(delay)
+      delay = min(2 * delay, _POLL_SECONDS)
+
+  def _give_up(self, in_flight: int, seconds: float) -> None:
+    with self._lock:
+      stuck = in_flight - self._given_up
+      self._given_up = in_flight
+    logger.warning(
+        "host_callback.barrier_wait: %d computation(s) with taps or calls "
+        "began and made no progress for %.1f s; not waiting for them. If "
+        "one failed in an op that is not host_callback's (its outputs hold "
+        "the error), this is expected; otherwise keep the outputs of "
+        "long computations and the barrier waits for them.", stuck, seconds)
+
+
+_in_flight = _InFlight()
+
+
+def _queue_activity() -> Tuple[int, int]:
+  """Packets sent ever and waiting now, on all queues."""
+  sent = waiting = 0
+  for transport in runtime.transports().values():
+    for device_id in transport.device_ids():
+      sent += transport.packets_sent(device_id)
+      waiting += transport.stats(device_id).packets_waiting
+  return sent, waiting
 
 
 def _run_marker(marker: Any, on_device: jax.Array, number: int) -> None:
@@ -129,13 +207,14 @@ def _run_marker(marker: Any, on_device: jax.Array, number: int) -> None:
 def _marker_round() -> bool:
   """Puts a marker on every open local device queue and waits for all.
 
-  Returns whether nothing but the markers arrived meanwhile.
+  Returns whether nothing but the markers began or arrived meanwhile.
   """
   local = {device.id: device for device in jax.local_devices()}
   _round.ran_here = ran_here = set()
   targets: Dict[_Key, int] = {}
   sent_before: Dict[_Key, int] = {}
   transports = runtime.transports()
+  begun_before = executions.counts()[0]
   for name, transport in transports.items():
     device_ids = [d for d in transport.device_ids() if d in local]
     if not device_ids:
@@ -151,22 +230,28 @@ def _marker_round() -> bool:
         _run_marker(marker, _on_device(local[device_id]), targets[key])
   _round.ran_here = None
   _markers.wait(targets)
-  # A marker that ran here was not queued; one handed off was.
-  return all(transports[key[0]].packets_sent(key[1]) ==
-             sent + (key not in ran_here) for key, sent in sent_before.items())
+  # Each marker is one execution; a marker that ran here was not queued,
+  # one handed off was.
+  return (executions.counts()[0] - begun_before <= len(targets) and
+          all(transports[key[0]].packets_sent(key[1]) ==
+              sent + (key not in ran_here)
+              for key, sent in sent_before.items()))
 
 
 def _wait_for_devices() -> None:
   """Waits until every callback of the computations dispatched so far ran.
 
-  One quiet marker round suffices when nothing else arrives; after packets
-  did arrive, quiet rounds for _SETTLE_SECONDS are needed, since stragglers
-  may still follow.
+  One quiet marker round suffices when nothing else happens; after inputs
+  were not ready or packets did arrive, quiet rounds for _SETTLE_SECONDS are
+  needed, since stragglers may still follow.
   """
-  _wait_for_live_arrays()
-  busy, quiet_since = False, None
+  pending, failed = _wait_for_live_arrays()
+  stalled_seconds = (_STALLED_AFTER_FAILURE_SECONDS if failed
+                     else _STALLED_SECONDS)
+  busy, quiet_since = pending, None
   for _ in range(_MAX_ROUNDS):
     started = time.monotonic()
+    _in_flight.wait(stalled_seconds)
     if not _marker_round():
       busy, quiet_since = True, None
       continue

@@ -22,7 +22,7 @@ from .receiver import transport_native
 
 
 @functools.lru_cache(maxsize=None)
-def _register_targets() -> None:
+def register_targets() -> None:
   """Registers the FFI handlers with XLA for CPU, once per process."""
   for name, handler in transport_native.ffi_handlers().items():
     jax.ffi.register_ffi_target(name, jax.ffi.pycapsule(handler),
@@ -41,7 +41,7 @@ def emit(ctx: Any, place: adapter.ExecutionPlace, kind: Kind,
 
   It sends `operands[:num_sent]`; a TAP_SYNC's results alias its operands.
   """
-  _register_targets()
+  register_targets()
   # As for JAX's own callbacks (and so the Python transport): a computation
   # that taps has run when its dispatch returns, so that barrier_wait's
   # markers come after it on the device.

@@ -9,7 +9,7 @@ import jax
 import numpy as np
 
 from . import _jax_adapter as adapter
-from . import runtime
+from . import executions, runtime
 from ._jax_adapter import hlo
 from .lowering_kinds import Kind
 
@@ -29,6 +29,22 @@ def _device_id_source(place: adapter.ExecutionPlace
   device_ids = np.array([d.id for d in place.mesh_devices])
   return ([partition_id], [aval],
           lambda arrays: (int(device_ids[int(arrays[0])]), arrays[1:]))
+
+
+def _ending_execution_on_failure(host_side: Callable, on_failure: Any
+                                 ) -> Callable:
+  """`host_side`, which when it raises (so stops the execution) first calls
+  `on_failure` (see `executions.failed`)."""
+  if on_failure is None:
+    return host_side
+
+  def run(*arrays):
+    try:
+      return host_side(*arrays)
+    except BaseException:
+      on_failure()
+      raise
+  return run
 
 
 def emit(ctx: Any, place: adapter.ExecutionPlace, kind: Kind,
@@ -59,6 +75,7 @@ def emit(ctx: Any, place: adapter.ExecutionPlace, kind: Kind,
       transport.request(device_id, site, values[:num_sent])
       return tuple(values[i] for i in returned)
 
+  host_side = _ending_execution_on_failure(host_side, executions.failed(ctx))
   results = adapter.emit_python_callback(
       ctx, host_side, [*extra, *operands], [*extra_avals, *operand_avals],
       result_avals, adapter.op_sharding(ctx, place, result_avals))

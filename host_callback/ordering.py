@@ -11,17 +11,20 @@ execution. So, just before JAX lowers a top-level jaxpr that has our effect,
 we wrap the whole jaxpr in one `host_callback_scope` equation whose effects
 are the others only. The scope's lowering creates our token and lowers the
 body inline with it: the executable has no effect of ours, and the order of
-taps on each device is the token's order. Successive executions on one
+taps on each device is the token's order. On CPU the token starts and ends
+with the marks that count the execution for barrier_wait (`executions`). Successive executions on one
 device run in dispatch order, which keeps taps ordered across them.
 """
 
 from __future__ import annotations
 
+import functools
 from typing import Any, Iterator, List
 
 from jax.extend.core import Primitive, jaxprs_in_params
 
 from . import _jax_adapter as adapter
+from . import executions
 from ._jax_adapter import mlir
 
 _EFFECT = adapter.host_callback_effect
@@ -43,7 +46,13 @@ host_callback_scope_p.def_effectful_abstract_eval(_abstract_eval)
 
 
 def _lower(ctx: Any, *args: Any, jaxpr: Any) -> List[Any]:
-  return adapter.lower_scope_body(ctx, jaxpr, args, _EFFECT)
+  if not executions.counted(ctx):
+    return adapter.lower_scope_body(ctx, jaxpr, args, _EFFECT, lambda t: t,
+                                    lambda t: None)
+  return adapter.lower_scope_body(
+      ctx, jaxpr, args, _EFFECT,
+      functools.partial(executions.lower_mark, ctx, end=False),
+      functools.partial(executions.lower_mark, ctx, end=True))
 
 
 mlir.register_lowering(host_callback_scope_p, _lower, cacheable=False)

@@ -48,11 +48,13 @@ import numpy as np
 from .packets import POLL_SECONDS, DirectRunError, Packet, error_message
 from .transport import QueueStats
 
-ABI_VERSION = 6
+ABI_VERSION = 7
 # Names of the FFI targets, as registered with XLA by the JAX side.
 OUTFEED_TARGET = "host_callback_outfeed"
 CALL_TARGET = "host_callback_call"
 TAP_SYNC_TARGET = "host_callback_tap_sync"
+BEGIN_TARGET = "host_callback_begin"
+END_TARGET = "host_callback_end"
 # A batch taken from a queue holds at most this many packets and bytes (but
 # at least one packet): small batches keep the objects alive at once, and so
 # the work of Python's garbage collector, small.
@@ -106,6 +108,9 @@ def _load() -> Optional[ctypes.CDLL]:
   lib = ctypes.CDLL(path)
   signatures = {
       "hcb_abi_version": ([], _i64),
+      "hcb_executions": ([_p_i64], None),
+      "hcb_reset_executions_low_water": ([], None),
+      "hcb_execution_failed": ([], None),
       "hcb_attach": ([_i64], None),
       "hcb_detach": ([], ctypes.c_int),
       "hcb_set_restart_hook": ([_RESTART_HOOK], None),
@@ -164,7 +169,31 @@ def ffi_handlers() -> Dict[str, ctypes._CFuncPtr]:
   """
   assert _lib is not None, "the native transport is not built"
   return {OUTFEED_TARGET: _lib.HcbOutfeed, CALL_TARGET: _lib.HcbCall,
-          TAP_SYNC_TARGET: _lib.HcbTapSync}
+          TAP_SYNC_TARGET: _lib.HcbTapSync, BEGIN_TARGET: _lib.HcbBegin,
+          END_TARGET: _lib.HcbEnd}
+
+
+# --- Executions in flight (see native/executions.h) ----------------------
+
+def executions() -> Tuple[int, int, int]:
+  """Executions of our computations begun ever, in flight now, and the
+  fewest in flight right after one ended since the last
+  `reset_executions_low_water` (a huge number when none ended)."""
+  assert _lib is not None, "the native transport is not built"
+  out = (ctypes.c_int64 * 3)()
+  _lib.hcb_executions(out)
+  return out[0], out[1], out[2]
+
+
+def reset_executions_low_water() -> None:
+  assert _lib is not None, "the native transport is not built"
+  _lib.hcb_reset_executions_low_water()
+
+
+def execution_failed() -> None:
+  """An execution stopped at one of our Python callbacks, which raised."""
+  assert _lib is not None, "the native transport is not built"
+  _lib.hcb_execution_failed()
 
 
 # --- Callback sites: what a packet's bytes mean --------------------------

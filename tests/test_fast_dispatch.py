@@ -10,6 +10,7 @@ import pytest
 from jax.experimental import io_callback
 
 import host_callback as hcb
+from host_callback import runtime
 from helpers import Recorder
 
 # Every test here runs in the outfeed and in the synchronous mode.
@@ -165,6 +166,78 @@ def test_barrier_covers_computations_dispatched_by_another_thread():
   thread.join()
   hcb.barrier_wait()
   assert [int(a) for a in recorder.args] == list(range(300))
+
+
+def _sleep_then_identity(value):
+  threading.Event().wait(0.3)
+  return value
+
+
+def test_barrier_waits_for_a_running_computation_between_its_callbacks():
+  """The computation, dispatched by another thread, is inside a foreign op
+  (no packet of ours in flight) when the barrier starts: the barrier still
+  waits for its last tap."""
+  seen = []
+
+  @jax.jit
+  def step(x):
+    x = hcb.call(lambda v: (seen.append("call"), v)[1], x, result_shape=x)
+    x = jax.pure_callback(_sleep_then_identity,
+                          jax.ShapeDtypeStruct(x.shape, x.dtype), x)
+    return hcb.id_tap(lambda v, t: seen.append("tap"), x)
+
+  step(1.0)
+  hcb.barrier_wait()
+  seen.clear()
+  thread = threading.Thread(target=step, args=(2.0,))
+  thread.start()
+  while not seen:
+    threading.Event().wait(0.001)
+  hcb.barrier_wait()
+  assert seen == ["call", "tap"]
+  thread.join()
+
+
+def test_barrier_gives_up_on_a_computation_that_a_foreign_op_stopped(caplog):
+  """A raising jax.pure_callback stops the execution before our last op:
+  the barrier warns once and returns, and later barriers do not wait."""
+  def fail(value):
+    raise ValueError("the host failed")
+
+  @jax.jit
+  def step(x):
+    x = hcb.call(lambda v: v, x, result_shape=x)
+    return jax.pure_callback(fail, jax.ShapeDtypeStruct(x.shape, x.dtype), x)
+
+  with pytest.raises(Exception, match="pure_callback"):
+    step(1.0).block_until_ready()
+  hcb.barrier_wait()
+  hcb.barrier_wait()
+  warnings = _stall_warnings(caplog)
+  if "native" in runtime.available_transports():  # executions are counted
+    assert len(warnings) == 1
+    assert "1 computation(s) with taps or calls began" in warnings[0]
+
+
+@pytest.mark.leaves_callback_error
+def test_a_failing_host_function_ends_its_execution_for_the_barrier(caplog):
+  """Our own op that fails stops the execution and counts it as ended: the
+  barrier neither waits for it nor warns."""
+  def fail(value):
+    raise ValueError("the host failed")
+
+  step = jax.jit(lambda x: hcb.call(fail, x, result_shape=x))
+  with pytest.raises(Exception):
+    step(1.0).block_until_ready()
+  with pytest.raises(hcb.CallbackException):
+    hcb.barrier_wait()
+  hcb.barrier_wait()
+  assert _stall_warnings(caplog) == []
+
+
+def _stall_warnings(caplog) -> list:
+  return [r.getMessage() for r in caplog.records
+          if "made no progress" in r.getMessage()]
 
 
 def test_stop_races_keep_order_and_one_consumer_per_device():

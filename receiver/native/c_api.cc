@@ -10,6 +10,7 @@
 #include <string>
 #include <vector>
 
+#include "executions.h"
 #include "hub.h"
 
 #define HCB_EXPORT extern "C" __attribute__((visibility("default")))
@@ -36,7 +37,21 @@ int64_t Guard(Body body) noexcept {
 }  // namespace
 
 // Bumped whenever a signature below changes.
-HCB_EXPORT int64_t hcb_abi_version() { return 6; }
+HCB_EXPORT int64_t hcb_abi_version() { return 7; }
+
+// Writes executions begun, in flight, and the low-water mark of those in
+// flight since the last hcb_reset_executions_low_water; see executions.h.
+HCB_EXPORT void hcb_executions(int64_t* out) {
+  hcb::Executions::Get().Read(out);
+}
+
+HCB_EXPORT void hcb_reset_executions_low_water() {
+  hcb::Executions::Get().ResetLowWater();
+}
+
+// An execution failed in one of our Python callbacks (the Python transport
+// on CPU): it ends there.
+HCB_EXPORT void hcb_execution_failed() { hcb::Executions::Get().End(); }
 
 HCB_EXPORT void hcb_attach(int64_t max_bytes) { hub().Attach(max_bytes); }
 

@@ -5,12 +5,17 @@
 // program order on each device. `device_id` is XLA's device ordinal, which on
 // CPU is the jax.Device.id of the executing device. No C++ exception leaves
 // a handler: it fails the computation with an ffi::Error instead.
+//
+// host_callback_begin and host_callback_end open and close each execution of
+// our computations on each device (see executions.h); a handler that fails
+// its execution counts it as ended.
 
 #include <cstdint>
 #include <exception>
 #include <new>
 #include <vector>
 
+#include "executions.h"
 #include "hub.h"
 #include "xla/ffi/api/ffi.h"
 
@@ -111,17 +116,33 @@ ffi::Error Guard(Body body) noexcept {
   }
 }
 
+// The execution stops at a failing op: it ends there.
+ffi::Error EndOnFailure(ffi::Error error) {
+  if (error.failure()) hcb::Executions::Get().End();
+  return error;
+}
+
+ffi::Error Begin(ffi::Token, ffi::Result<ffi::Token>) {
+  hcb::Executions::Get().Begin();
+  return ffi::Error::Success();
+}
+
+ffi::Error End(ffi::Token, ffi::Result<ffi::Token>) {
+  hcb::Executions::Get().End();
+  return ffi::Error::Success();
+}
+
 // A tap: copies the arguments into a packet on the device's queue.
 ffi::Error Outfeed(int32_t device_id, ffi::Token, ffi::RemainingArgs args,
                    ffi::Result<ffi::Token>, int64_t site) {
-  return Guard([&] {
+  return EndOnFailure(Guard([&] {
     Spans arrays(args.size());
     if (ffi::Error error = ArgSpans(args, &arrays); error.failure()) {
       return error;
     }
     return Done(hcb::Hub::Get().Send(device_id, site, /*request_id=*/0,
                                      arrays.data(), arrays.size()));
-  });
+  }));
 }
 
 // A call: sends the arguments as a request packet, then waits for the host's
@@ -129,7 +150,7 @@ ffi::Error Outfeed(int32_t device_id, ffi::Token, ffi::RemainingArgs args,
 ffi::Error Call(int32_t device_id, ffi::Token, ffi::RemainingArgs args,
                 ffi::Result<ffi::Token>, ffi::RemainingRets rets,
                 int64_t site) {
-  return Guard([&] {
+  return EndOnFailure(Guard([&] {
     Spans arrays(args.size()), outputs(rets.size());
     if (ffi::Error error = ArgSpans(args, &arrays); error.failure()) {
       return error;
@@ -142,7 +163,7 @@ ffi::Error Call(int32_t device_id, ffi::Token, ffi::RemainingArgs args,
     return Done(hcb::Hub::Get().Call(device_id, site, arrays.data(),
                                      arrays.size(), outputs.data(),
                                      outputs.size()));
-  });
+  }));
 }
 
 // A synchronous tap: sends the first `num_sent` arguments as a request, then
@@ -152,10 +173,10 @@ ffi::Error TapSync(int32_t device_id, ffi::Token, ffi::RemainingArgs args,
                    ffi::Result<ffi::Token>, ffi::RemainingRets, int64_t site,
                    int64_t num_sent) {
   if (num_sent < 0 || static_cast<size_t>(num_sent) > args.size()) {
-    return ffi::Error(ffi::ErrorCode::kInvalidArgument,
-                      "host_callback: num_sent is out of range");
+    return EndOnFailure(ffi::Error(ffi::ErrorCode::kInvalidArgument,
+                                   "host_callback: num_sent is out of range"));
   }
-  return Guard([&] {
+  return EndOnFailure(Guard([&] {
     Spans arrays(static_cast<size_t>(num_sent));
     for (size_t i = 0; i < arrays.size(); ++i) {
       auto buffer = args.get<ffi::AnyBuffer>(i);
@@ -164,7 +185,7 @@ ffi::Error TapSync(int32_t device_id, ffi::Token, ffi::RemainingArgs args,
     }
     return Done(hcb::Hub::Get().Call(device_id, site, arrays.data(),
                                      arrays.size(), nullptr, 0));
-  });
+  }));
 }
 
 }  // namespace
@@ -174,6 +195,18 @@ ffi::Error TapSync(int32_t device_id, ffi::Token, ffi::RemainingArgs args,
 HCB_HANDLER XLA_FFI_Error* HcbOutfeed(XLA_FFI_CallFrame* call_frame);
 HCB_HANDLER XLA_FFI_Error* HcbCall(XLA_FFI_CallFrame* call_frame);
 HCB_HANDLER XLA_FFI_Error* HcbTapSync(XLA_FFI_CallFrame* call_frame);
+HCB_HANDLER XLA_FFI_Error* HcbBegin(XLA_FFI_CallFrame* call_frame);
+HCB_HANDLER XLA_FFI_Error* HcbEnd(XLA_FFI_CallFrame* call_frame);
+
+XLA_FFI_DEFINE_HANDLER_SYMBOL(HcbBegin, Begin,
+                              ffi::Ffi::Bind()
+                                  .Arg<ffi::Token>()
+                                  .Ret<ffi::Token>());
+
+XLA_FFI_DEFINE_HANDLER_SYMBOL(HcbEnd, End,
+                              ffi::Ffi::Bind()
+                                  .Arg<ffi::Token>()
+                                  .Ret<ffi::Token>());
 
 XLA_FFI_DEFINE_HANDLER_SYMBOL(HcbOutfeed, Outfeed,
                               ffi::Ffi::Bind()
