@@ -64,7 +64,8 @@ native = Extension(
     "host_callback.receiver._native",
     sources=[os.path.join(NATIVE_DIR, name)
              for name in ("hub.cc", "ffi_handlers.cc", "c_api.cc")],
-    depends=[os.path.join(NATIVE_DIR, "hub.h")],
+    depends=[os.path.join(NATIVE_DIR, name)
+             for name in ("hub.h", "executions.h")],
     language="c++",
     extra_compile_args=["-std=c++17", "-O2", "-g0", "-fvisibility=hidden"],
 )
