@@ -24,10 +24,18 @@ using Clock = std::chrono::steady_clock;
 // futex wake-up costs more than a packet.
 constexpr auto kConsumerSpin = std::chrono::microseconds(20);
 constexpr auto kReplySpin = std::chrono::microseconds(50);
-// A sleeping consumer is woken by a tap only this often, or when this many
-// bytes wait (see DeviceQueue::last_wake).
-constexpr auto kWakeInterval = std::chrono::milliseconds(2);
-constexpr int64_t kWakeBytes = 1 << 20;
+// A consumer takes taps at most this often, unless this many bytes wait
+// (see DeviceQueue::consumer_pacing): the latency a tap may get.
+constexpr auto kBatchInterval = std::chrono::milliseconds(2);
+constexpr int64_t kHurryBytes = 1 << 20;
+
+// Under `queue->mu`: wakes its consumer if it sleeps on an empty queue, or
+// if it paces itself and the queue is in a hurry.
+void WakeConsumerFor(DeviceQueue* queue) {
+  if (queue->consumer_idle || (queue->consumer_pacing && queue->hurry)) {
+    queue->not_empty.notify_one();
+  }
+}
 // Packets are written into chunks of this size (or one packet's size).
 constexpr int64_t kChunkBytes = 1 << 20;
 // Read chunks kept per device for reuse.
@@ -361,8 +369,9 @@ void Hub::EndDirect(DeviceQueue* queue) {
   if (--queue->direct_depth > 0) return;
   queue->direct_busy = false;
   // Wake the consumer only for packets that arrived meanwhile.
-  if (queue->unread > 0 && queue->consumer_sleeping) {
-    queue->not_empty.notify_all();
+  if (queue->unread > 0) {
+    queue->hurry = true;
+    WakeConsumerFor(queue);
   }
 }
 
@@ -471,14 +480,11 @@ Status Hub::Push(int64_t device_id, int64_t site, int64_t request_id,
   queue->high_water = std::max(queue->high_water, queue->bytes);
   ++queue->enqueued;
   queue->pushed.store(queue->enqueued, std::memory_order_release);
-  if (queue->consumer_sleeping) {
-    const auto now = Clock::now();
-    if (request_id != 0 || queue->unread >= kWakeBytes ||
-        now - queue->last_wake >= kWakeInterval) {
-      queue->last_wake = now;
-      queue->not_empty.notify_one();
-    }
+  if (request_id != 0 || queue->unread >= kHurryBytes ||
+      queue->finish_waiters > 0) {
+    queue->hurry = true;
   }
+  WakeConsumerFor(queue);
   lock.unlock();
   // A receiver that detached while we pushed may have missed this packet.
   return EnsureReceiver(device_id);
@@ -542,10 +548,8 @@ Status Hub::PushLarge(int64_t device_id, DeviceQueue* queue, std::unique_lock<st
   }
   queue->unread += size;
   queue->pushed.store(queue->enqueued, std::memory_order_release);
-  if (queue->consumer_sleeping) {
-    queue->last_wake = Clock::now();
-    queue->not_empty.notify_one();
-  }
+  queue->hurry = true;  // its block is lent to the consumer, not copied
+  WakeConsumerFor(queue);
   lock.unlock();
   return EnsureReceiver(device_id);
 }
@@ -716,24 +720,37 @@ int64_t Hub::Take(int64_t device_id, double timeout_s, uint8_t* dst,
   DeviceQueue* queue = Queue(device_id);
   std::unique_lock<std::mutex> lock = LockSoon(queue->mu);
   queue->consumer = std::thread::id();  // done with its last batch
-  if (queue->unread == 0 || queue->direct_busy) {
-    const int64_t seen = queue->enqueued;
-    const int64_t generation = wake_generation_.load(std::memory_order_seq_cst);
-    auto woken = [&] {
-      return wake_generation_.load(std::memory_order_seq_cst) != generation;
-    };
-    lock.unlock();
-    Spin(kConsumerSpin, [&] {
-      return queue->pushed.load(std::memory_order_acquire) != seen || woken();
-    });
-    lock.lock();
-    queue->consumer_sleeping = true;
-    queue->not_empty.wait_for(lock, Seconds(timeout_s), [&] {
-      return (queue->unread > 0 && !queue->direct_busy) || woken();
-    });
-    queue->consumer_sleeping = false;
-    if (queue->unread == 0 || queue->direct_busy) return 0;
+  const int64_t generation = wake_generation_.load(std::memory_order_seq_cst);
+  auto woken = [&] {
+    return wake_generation_.load(std::memory_order_seq_cst) != generation;
+  };
+  auto ready = [&] { return queue->unread > 0 && !queue->direct_busy; };
+  const auto deadline = Clock::now() + Seconds(timeout_s);
+  if (!ready()) {
+    if (queue->expect_request) {
+      const int64_t seen = queue->enqueued;
+      lock.unlock();
+      Spin(kConsumerSpin, [&] {
+        return queue->pushed.load(std::memory_order_acquire) != seen ||
+               woken();
+      });
+      lock.lock();
+    }
+    queue->consumer_idle = true;
+    queue->not_empty.wait_until(lock, deadline,
+                                [&] { return ready() || woken(); });
+    queue->consumer_idle = false;
+    if (!ready()) return 0;
   }
+  if (!queue->hurry) {
+    queue->consumer_pacing = true;
+    queue->not_empty.wait_until(
+        lock, std::min(deadline, queue->last_take + kBatchInterval),
+        [&] { return queue->hurry || woken(); });
+    queue->consumer_pacing = false;
+    if (!ready()) return 0;
+  }
+  queue->last_take = Clock::now();
   // Under the lock, only find the byte ranges of whole small packets, and
   // take the blocks of large ones: the device no longer touches them, so
   // the small ones are copied after unlocking, and the blocks are lent.
@@ -783,6 +800,7 @@ int64_t Hub::Take(int64_t device_id, double timeout_s, uint8_t* dst,
     queue->read_offset = 0;
   }
   if (packets > 0) queue->consumer = std::this_thread::get_id();
+  queue->hurry = queue->unread > 0;  // a backlog: the next batch at once
   lock.unlock();
 
   // Its device gave up waiting for a call: nobody to answer.
@@ -792,9 +810,11 @@ int64_t Hub::Take(int64_t device_id, double timeout_s, uint8_t* dst,
     return slots_.count(header.request_id) > 0;
   };
   int64_t count = 0, dropped = 0, dropped_bytes = 0, offset = 0;
+  bool requests = false;
   for (const Piece& piece : pieces) {
     if (piece.block != nullptr) {
       const PacketHeader header = ReadHeader(piece.begin);
+      requests |= header.request_id != 0;
       if (live(header)) {
         index[count++] = IndexEntry{
             0, header.site, header.request_id, header.size,
@@ -810,6 +830,7 @@ int64_t Hub::Take(int64_t device_id, double timeout_s, uint8_t* dst,
     std::memcpy(dst + offset, piece.begin, piece.bytes);
     for (const int64_t end = offset + piece.bytes; offset < end;) {
       const PacketHeader header = ReadHeader(dst + offset);
+      requests |= header.request_id != 0;
       if (live(header)) {
         index[count++] = IndexEntry{offset, header.site, header.request_id,
                                     header.size, 0, 0};
@@ -821,6 +842,7 @@ int64_t Hub::Take(int64_t device_id, double timeout_s, uint8_t* dst,
     }
   }
   lock.lock();
+  queue->expect_request = requests;
   if (dropped > 0) {
     queue->finished += dropped;
     queue->bytes -= dropped_bytes;
@@ -854,10 +876,15 @@ void Hub::Release(int64_t device_id, int64_t packets, int64_t bytes) {
 bool Hub::WaitFinished(int64_t device_id, int64_t target, double timeout_s) {
   DeviceQueue* queue = Queue(device_id);
   std::unique_lock<std::mutex> lock(queue->mu);
-  if (queue->unread > 0) queue->not_empty.notify_all();  // taps may not have
-  return queue->changed.wait_for(lock, Seconds(timeout_s), [&] {
-    return queue->finished >= target;
-  });
+  ++queue->finish_waiters;  // packets pushed meanwhile hurry the consumer
+  if (queue->unread > 0) {
+    queue->hurry = true;
+    WakeConsumerFor(queue);
+  }
+  const bool finished = queue->changed.wait_for(
+      lock, Seconds(timeout_s), [&] { return queue->finished >= target; });
+  --queue->finish_waiters;
+  return finished;
 }
 
 void Hub::Finish(ReplySlot* slot, int state) {

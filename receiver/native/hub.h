@@ -126,11 +126,19 @@ struct DeviceQueue {
   int64_t read_offset = 0;
   int64_t unread = 0;                 // bytes pushed, not yet taken
   std::vector<std::unique_ptr<Chunk>> spare;  // read chunks kept for reuse
-  bool consumer_sleeping = false;
-  // When a tap last woke the consumer: taps wake it at most every
-  // kWakeInterval (or when kWakeBytes wait), as each wake-up costs the device
-  // more than a packet; requests and waits for the consumer always wake it.
-  std::chrono::steady_clock::time_point last_wake;
+  // The consumer sleeps in Take because the queue is empty (`idle`: the next
+  // packet wakes it), or because it paces itself (`pacing`: only a hurry
+  // wakes it). Taps are taken in batches, at most one per kBatchInterval:
+  // each batch costs a Python consumer a GIL hand-off with the thread that
+  // dispatches, which costs a jitted step more than its tap.
+  bool consumer_idle = false;
+  bool consumer_pacing = false;
+  std::chrono::steady_clock::time_point last_take;
+  // Take the next batch now: a request, a large packet, kHurryBytes or a
+  // finish-waiter waits. Cleared by the batch taken.
+  bool hurry = false;
+  int finish_waiters = 0;             // threads in Hub::WaitFinished
+  bool expect_request = false;        // the last batch held one: spin first
   // Host functions run on a device thread (Hub::Call's direct path), nested
   // `direct_depth` deep in `direct_owner`: the consumer takes nothing while
   // `direct_busy`, unless the owner waits for the consumer (nested request).
