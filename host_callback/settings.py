@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import contextlib
 import functools
+import logging
 import math
 import os
 import warnings
@@ -104,17 +105,28 @@ def _warn_native_missing() -> None:
       RuntimeWarning, stacklevel=2)
 
 
+@functools.lru_cache(maxsize=None)
+def _log_choice(name: str, reason: str) -> None:
+  logging.getLogger("host_callback").debug(
+      "host_callback: the %s transport is used on CPU: %s", name, reason)
+
+
 def transport_name(native_available: bool) -> str:
   """The transport to use on CPU: 'native' or 'python'."""
   chosen = transport.value
   if chosen == "auto":
     if not native_available:
       _warn_native_missing()
+      _log_choice("python", "jax_host_callback_transport is 'auto' and the "
+                  "native transport is not built")
       return "python"
+    _log_choice("native", "jax_host_callback_transport is 'auto' and the "
+                "native transport is built")
     return "native"
   if chosen == "native" and not native_available:
     raise RuntimeError(
         "jax_host_callback_transport='native' was requested but the native "
         "transport is not built (no C++ compiler at install time?); use "
         "'python' or 'auto'")
+  _log_choice(chosen, f"jax_host_callback_transport is {chosen!r}")
   return chosen

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import atexit
 import collections
+import logging
 import os
 import threading
 from typing import (Callable, Deque, Dict, List, Mapping, Optional, Sequence,
@@ -16,6 +17,8 @@ from .receiver import Receiver, consumer_thread
 from .packets import DirectRunError
 from .registry import ConsumerRegistry
 from .transport import Transport
+
+logger = logging.getLogger("host_callback")
 
 
 class Runtime:
@@ -88,8 +91,12 @@ class Runtime:
     transports = self.transports()
     with self._lock:
       if self._receiver is None:
-        self._receiver = Receiver(transports, self._max_bytes(),
-                                  self.registry, self.errors)
+        max_bytes = self._max_bytes()
+        self._receiver = Receiver(transports, max_bytes, self.registry,
+                                  self.errors)
+        logger.debug("host_callback: receiver started (transports %s; at "
+                      "most %d bytes waiting per device)",
+                      ", ".join(transports), max_bytes)
         if not self._at_exit_registered:
           atexit.register(self._at_exit)
           self._at_exit_registered = True
@@ -140,6 +147,7 @@ class Runtime:
       if receiver is None:
         return
       receiver.stop()
+      _log_stopped(receiver)
       with self._lock:
         self._receiver = None
         pending = receiver.detach()
@@ -155,4 +163,14 @@ class Runtime:
       receiver, self._receiver = self._receiver, None
       if receiver is not None:
         receiver.stop()
+        _log_stopped(receiver)
         receiver.detach()
+
+
+def _log_stopped(receiver: Receiver) -> None:
+  """Logs a stop, with each queue's high-water mark."""
+  logger.debug("host_callback: receiver stopped")
+  for (name, device_id), stats in sorted(receiver.queue_stats().items()):
+    logger.debug("host_callback: %s queue of device %d: high water %d of %d "
+                 "bytes", name, device_id, stats.high_water_bytes,
+                 stats.max_bytes)
