@@ -6,7 +6,6 @@ import re
 import subprocess
 import sys
 
-import pytest
 
 EXAMPLES = pathlib.Path(__file__).resolve().parent.parent / "examples"
 TIMEOUT_SECONDS = 120  # each example takes a few seconds; this is a hang guard
