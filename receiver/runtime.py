@@ -169,6 +169,8 @@ class Runtime:
 
 def _log_stopped(receiver: Receiver) -> None:
   """Logs a stop, with each queue's high-water mark."""
+  if not logger.isEnabledFor(logging.DEBUG):
+    return  # skips reading every queue's statistics
   logger.debug("host_callback: receiver stopped")
   for (name, device_id), stats in sorted(receiver.queue_stats().items()):
     logger.debug("host_callback: %s queue of device %d: high water %d of %d "

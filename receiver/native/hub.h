@@ -135,7 +135,8 @@ struct DeviceQueue {
   bool consumer_pacing = false;
   std::chrono::steady_clock::time_point last_take;
   // Take the next batch now: a request, a large packet, kHurryBytes or a
-  // finish-waiter waits. Cleared by the batch taken.
+  // finish-waiter waits, or the last batch left a backlog (Take sets it to
+  // whether unread bytes remain).
   bool hurry = false;
   int finish_waiters = 0;             // threads in Hub::WaitFinished
   bool expect_request = false;        // the last batch held one: spin first
