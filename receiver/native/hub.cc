@@ -28,14 +28,6 @@ constexpr auto kReplySpin = std::chrono::microseconds(50);
 // (see DeviceQueue::consumer_pacing): the latency a tap may get.
 constexpr auto kBatchInterval = std::chrono::milliseconds(2);
 constexpr int64_t kHurryBytes = 1 << 20;
-
-// Under `queue->mu`: wakes its consumer if it sleeps on an empty queue, or
-// if it paces itself and the queue is in a hurry.
-void WakeConsumerFor(DeviceQueue* queue) {
-  if (queue->consumer_idle || (queue->consumer_pacing && queue->hurry)) {
-    queue->not_empty.notify_one();
-  }
-}
 // Packets are written into chunks of this size (or one packet's size).
 constexpr int64_t kChunkBytes = 1 << 20;
 // Read chunks kept per device for reuse.
@@ -47,6 +39,14 @@ constexpr int64_t kHugePage = 2 << 20;
 constexpr int64_t kBlockGrain = 64 << 10;
 // The pool keeps free blocks up to the queue bound plus this many bytes.
 constexpr int64_t kPoolSlack = 64 << 20;
+
+// Under `queue->mu`: wakes its consumer if it sleeps on an empty queue, or
+// if it paces itself and the queue is in a hurry.
+void WakeConsumerFor(DeviceQueue* queue) {
+  if (queue->consumer_idle || (queue->consumer_pacing && queue->hurry)) {
+    queue->not_empty.notify_one();
+  }
+}
 
 inline void Relax() {
 #if defined(__x86_64__) || defined(_M_X64)
