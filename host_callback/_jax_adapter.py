@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import dataclasses
 import functools
+import importlib
 from typing import Any, Callable, List, Optional, Sequence, Tuple
 
 import jax
@@ -123,6 +124,25 @@ def require_devices_during_lowering(primitive: Any) -> None:
 def register_partial_eval_custom_rule(primitive: Any, rule: Callable) -> None:
   """The rule `jax.checkpoint` uses to split known/staged equations."""
   pe.partial_eval_jaxpr_custom_rules[primitive] = rule
+
+
+def hold_weakly_in_jax_caches(cls: type) -> None:
+  """Makes JAX's caches that are keyed on primitive params (the abstract
+  evaluation cache of jax._src.interpreters.partial_eval, a
+  multi_weakref_lru_cache) hold instances of `cls` weakly, as they hold
+  jaxprs, and drop an entry when its instance dies: otherwise they would keep
+  every host function in a param alive until jax.clear_caches(). Adds `cls`
+  to jax._src.util.weakref_cache_key_types (jax 0.10.2), which later JAX
+  versions define in jax._src.multi_weakref_lru_cache; without either, the
+  caches keep them until jax.clear_caches()."""
+  for module in ("multi_weakref_lru_cache", "util"):
+    try:
+      types = getattr(importlib.import_module(f"jax._src.{module}"),
+                      "weakref_cache_key_types")
+    except (ImportError, AttributeError):
+      continue
+    types.add(cls)
+    return
 
 
 def physical_aval(aval: Any) -> Any:
@@ -418,7 +438,7 @@ __all__ = [
     "ad", "batching", "hlo", "mlir", "pe", "check_jax", "bool_setting",
     "int_setting", "enum_setting", "host_callback_effect", "apply_primitive",
     "require_devices_during_lowering", "register_partial_eval_custom_rule",
-    "physical_aval", "ExecutionPlace", "execution_place", "op_sharding",
+    "physical_aval", "hold_weakly_in_jax_caches", "ExecutionPlace", "execution_place", "op_sharding",
     "emit_python_callback", "replicate_results", "abstract_token",
     "sharded_devices", "set_token_op_sharding", "thread_token",
     "install_while_lowering", "install_top_level_rewrite", "scope_eqn",

@@ -287,3 +287,6 @@ def stop_outfeed_receiver() -> None:
   runtime.check_usable()
   _wait_for_devices()
   runtime.stop_receiver()
+
+
+runtime.set_exit_barrier(barrier_wait)  # the drain at interpreter exit

@@ -61,14 +61,16 @@ class _Interner:
   """The live host functions, held weakly, by hash of (callable, rest)."""
 
   def __init__(self) -> None:
-    self._lock = threading.Lock()
+    # Reentrant: `_forget` runs from a weakref callback, so maybe on a thread
+    # that holds the lock in `intern` (which allocates, so may collect).
+    self._lock = threading.RLock()
     self._buckets: Dict[Hashable, List[weakref.ref]] = {}
 
   def intern(self, function: HostFunction) -> HostFunction:
     key = (_hash_of(function.func), function._signature())
     with self._lock:
       bucket = self._buckets.setdefault(key, [])
-      for ref in bucket:  # the key holds the signature: compare callables
+      for ref in list(bucket):  # the key holds the signature: compare callables
         live = ref()
         if live is not None and _same_callable(live.func, function.func):
           return live

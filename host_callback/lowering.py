@@ -106,7 +106,7 @@ def _open_devices(producer: Any, devices: Sequence[Any]) -> None:
   process = jax.process_index()
   for device in devices:
     if device.process_index == process:
-      producer.open_device(device.id)
+      runtime.open_device(producer, device.id)
 
 
 def _lower_gathered(ctx: Any, *operands: Any, devices: Sequence[Any],

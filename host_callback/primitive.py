@@ -9,7 +9,8 @@ a tap returns all its operands unchanged (identity), a call returns
 
 from __future__ import annotations
 
-from typing import Any, List, Sequence
+import functools
+from typing import Any, List, Sequence, Tuple
 
 import jax
 from jax.extend.core import Primitive
@@ -22,6 +23,9 @@ from .host_functions import HostFunction, Transforms
 host_callback_p = Primitive("host_callback")
 host_callback_p.multiple_results = True
 adapter.require_devices_during_lowering(host_callback_p)
+# A HostFunction in a param must not outlive the jaxprs and executables that
+# use it (see runtime.register) because a JAX cache keyed on params holds it.
+adapter.hold_weakly_in_jax_caches(HostFunction)
 
 
 def bind(operands: Sequence[Any], *, function: HostFunction, num_args: int,
@@ -30,10 +34,14 @@ def bind(operands: Sequence[Any], *, function: HostFunction, num_args: int,
                               device_index=device_index, transforms=transforms)
 
 
-# --- impl: eager use goes through the receiver, unless inline ------------
+# --- impl: eager use, one compiled op per signature, unless inline --------
 
 def _impl(*operands, function: HostFunction, num_args: int, device_index: int,
           transforms: Transforms):
+  """Eager use (no jit) goes through the receiver as jitted taps do, in the
+  device's order, by an op compiled once per signature (`_eager_op`): the
+  host function travels as a ticket (`runtime.eager_ticket`), so a new one
+  compiles nothing. With the inline setting, it runs in the caller."""
   if settings.inline.value:
     arrays = [jax.numpy.asarray(x) for x in operands[:num_args]]
     device = next(iter(arrays[0].devices())) if arrays else jax.devices()[0]
@@ -42,9 +50,57 @@ def _impl(*operands, function: HostFunction, num_args: int, device_index: int,
     if not function.is_call:
       return list(operands)
     return [jax.numpy.asarray(r) for r in result]
-  return adapter.apply_primitive(
-      host_callback_p, *operands, function=function, num_args=num_args,
-      device_index=device_index, transforms=transforms)
+  if runtime.is_eager_function(function):  # `_eager_op` under disable_jit
+    return adapter.apply_primitive(
+        host_callback_p, *operands, function=function, num_args=num_args,
+        device_index=device_index, transforms=transforms)
+  device = _synchronous_device(operands[:num_args], device_index)
+  if device is not None:
+    result = runtime.run_eager(function, transforms,
+                               [_host_array(x) for x in operands[:num_args]],
+                               device)
+    if result is not NotImplemented:
+      if not function.is_call:
+        return list(operands)
+      return [jax.device_put(r, device) for r in result]
+  ticket = runtime.eager_ticket(function, transforms)
+  try:
+    out = _eager_op(num_args, device_index, function.is_call,
+                    function.result_avals)(ticket, *operands)
+  except BaseException:
+    runtime.drop_ticket(ticket)
+    raise
+  return list(out) if function.is_call else list(out[1:])
+
+
+@functools.lru_cache(maxsize=None)
+def _eager_op(num_args: int, device_index: int, is_call: bool,
+              result_avals: Tuple[Any, ...]) -> Any:
+  """The jitted op of eager taps or calls with this signature (JAX compiles
+  it once per operand types and placement); it sends its first operand, the
+  ticket, before the operands."""
+  function = runtime.eager_function(is_call, result_avals)
+  return jax.jit(lambda ticket, *operands: bind(
+      [ticket, *operands], function=function, num_args=num_args + 1,
+      device_index=device_index))
+
+
+def _synchronous_device(args: Sequence[Any], device_index: int) -> Any:
+  """The device of `args` when an eager op on them would be synchronous (the
+  CPU default), so that its host function may run as soon as they are
+  ready: all are arrays on that one device. Else None."""
+  device = None
+  for arg in args:
+    if not isinstance(arg, jax.Array):
+      return None
+    devices = arg.devices()
+    if len(devices) != 1 or (device is not None and device not in devices):
+      return None
+    device = next(iter(devices))
+  if (device is None or device_index != 0 or
+      settings.outfeed_mode(device.platform)):
+    return None
+  return device
 
 
 def _host_array(array: jax.Array) -> Any:

@@ -4,16 +4,18 @@ from __future__ import annotations
 
 import dataclasses
 import functools
+import itertools
 import threading
 import weakref
-from typing import Any, Dict, List, Sequence, Set, Tuple
+from typing import Any, Callable, Dict, List, Optional, Sequence, Set, Tuple
 
 import jax
 import numpy as np
 
 from . import settings
 from .host_functions import CallError, HostFunction, Transforms, make_consumer
-from .receiver import PythonTransport, QueueStats, Runtime, Transport
+from .receiver import (Consumer, PythonTransport, QueueStats, Runtime,
+                       Transport)
 
 try:
   from .receiver import transport_native
@@ -87,6 +89,18 @@ def _retire(registrations: _Registrations) -> None:
                   list(registrations.sites))
 
 
+def open_device(producer: Transport, device_id: int) -> None:
+  """Opens the queue of a device that may send to `producer`."""
+  _runtime.open_device(producer.name, device_id)
+
+
+def _context(function: HostFunction) -> str:
+  """What names `function` in the error of a device that waited for it
+  (a call's own errors name it)."""
+  return ("" if function.is_call else
+          f"host_callback.id_tap: the tap function {function.name}")
+
+
 def register(function: HostFunction, transforms: Transforms) -> int:
   """The consumer id for `function` under `transforms`."""
   _runtime.release_retired()
@@ -94,15 +108,81 @@ def register(function: HostFunction, transforms: Transforms) -> int:
     registrations = _registrations_of(function)
     consumer_id = registrations.consumer_ids.get(transforms)
     if consumer_id is None:
-      context = ("" if function.is_call else
-                 f"host_callback.id_tap: the tap function {function.name}")
-      # The consumer holds a copy: the receiver must not keep `function`
-      # alive, or it would never be retired.
-      consumer = make_consumer(dataclasses.replace(function), transforms,
-                               device_by_id)
+      if function.func is _dispatch:
+        consumer, context = _dispatch, _dispatch_context
+      else:
+        context = _context(function)
+        # The consumer holds a copy: the receiver must not keep `function`
+        # alive, or it would never be retired.
+        consumer = make_consumer(dataclasses.replace(function), transforms,
+                                 device_by_id)
       consumer_id = registrations.consumer_ids[transforms] = (
           _runtime.registry.add(consumer, context))
     return consumer_id
+
+
+# --- Eager operations: one compiled op per signature, the host function
+# chosen at run time. The op's host function is `_dispatch`; each execution
+# sends, before the operands, a ticket that names the consumer to run. The
+# ticket holds the consumer (so the host function) until it has run. -------
+
+_tickets: Dict[int, Tuple[Consumer, str]] = {}
+_ticket_numbers = itertools.count()
+_TICKET_MASK = 0x7FFFFFFF  # tickets travel as int32 scalars
+_failed = threading.local()  # the context of the last consumer that raised
+
+
+def _dispatch(arrays: Sequence[np.ndarray], device_id: int
+              ) -> Optional[Sequence[np.ndarray]]:
+  """The consumer of eager ops: runs the one that the ticket names."""
+  consumer, context = _tickets.pop(int(arrays[0]))
+  try:
+    return consumer(arrays[1:], device_id)
+  except BaseException:
+    _failed.context = context  # read by the registry right after, here
+    raise
+
+
+def _dispatch_context() -> str:
+  return getattr(_failed, "context", "")
+
+
+@functools.lru_cache(maxsize=None)
+def eager_function(is_call: bool, result_avals: Tuple[Any, ...]
+                   ) -> HostFunction:
+  """The host function of the eager ops with this signature."""
+  return HostFunction(_dispatch, None, with_device=False, is_call=is_call,
+                      result_avals=result_avals)
+
+
+def is_eager_function(function: HostFunction) -> bool:
+  return function.func is _dispatch
+
+
+def eager_ticket(function: HostFunction, transforms: Transforms) -> int:
+  """A ticket for an eager op to run `function` under `transforms` with."""
+  ticket = next(_ticket_numbers) & _TICKET_MASK
+  _tickets[ticket] = (make_consumer(function, transforms, device_by_id),
+                      _context(function))
+  return ticket
+
+
+def run_eager(function: HostFunction, transforms: Transforms,
+              arrays: Sequence[np.ndarray], device: Any) -> Any:
+  """Runs `function` now, on the calling thread, if `device` has no packet
+  waiting (else returns NotImplemented): the synchronous mode's eager taps
+  and calls, whose arguments are ready. As a request run on the device
+  thread: an error is recorded for barrier_wait and raised as the device's
+  error."""
+  if not _runtime.idle(device.id):
+    return NotImplemented  # the eager op queues behind those packets
+  return _runtime.run_here(make_consumer(function, transforms, device_by_id),
+                           _context(function), device.id, list(arrays))
+
+
+def drop_ticket(ticket: int) -> None:
+  """Forgets a ticket whose op failed before its host function ran."""
+  _tickets.pop(ticket, None)
 
 
 def register_site(producer: Transport, function: HostFunction,
@@ -168,16 +248,26 @@ def stop_receiver() -> None:
   _runtime.stop()
 
 
+# The barrier that drains at exit: `barrier.barrier_wait`, which `barrier`
+# (a module above this one: it binds the primitive) sets when it loads.
+_exit_barrier: List[Callable[[str], None]] = []
+
+
+def set_exit_barrier(barrier_wait: Callable[[str], None]) -> None:
+  """`barrier_wait("at_exit")` runs at interpreter exit, before the stop."""
+  _exit_barrier[:] = [barrier_wait]
+
+
 def _drain_at_exit() -> None:
-  from . import barrier  # barrier imports this module
   try:
     _runtime.check_usable()
   except RuntimeError:
     return  # a forked child: nothing of ours to drain
-  try:
-    barrier.barrier_wait("at_exit")
-  except Exception:  # pylint: disable=broad-except
-    pass  # already logged when it happened
+  for barrier_wait in _exit_barrier:
+    try:
+      barrier_wait("at_exit")
+    except Exception:  # pylint: disable=broad-except
+      pass  # already logged when it happened
   _runtime.shut_down()
 
 

@@ -4,13 +4,16 @@ from __future__ import annotations
 
 import itertools
 import threading
-from typing import Callable, Dict, Iterable, Optional, Sequence, Tuple
+from typing import Callable, Dict, Iterable, Optional, Sequence, Tuple, Union
 
 import numpy as np
 
 # A consumer gets the packet's arrays and the sending device's id, and returns
 # the arrays of the reply (for a `call`) or None (for a tap).
 Consumer = Callable[[Sequence[np.ndarray], int], Optional[Sequence[np.ndarray]]]
+# What names a consumer in errors; a function when the consumer runs
+# different host functions (it is called right after one raised, there).
+Context = Union[str, Callable[[], str]]
 
 
 class ConsumerRegistry:
@@ -24,9 +27,9 @@ class ConsumerRegistry:
   def __init__(self) -> None:
     self._lock = threading.Lock()
     self._next_id = itertools.count()
-    self._entries: Dict[int, Tuple[Consumer, str]] = {}
+    self._entries: Dict[int, Tuple[Consumer, Context]] = {}
 
-  def add(self, consumer: Consumer, context: str = "") -> int:
+  def add(self, consumer: Consumer, context: Context = "") -> int:
     """Registers `consumer` under a new id.
 
     `context` names the consumer in the error of a device that waits for it
@@ -42,16 +45,27 @@ class ConsumerRegistry:
       for consumer_id in consumer_ids:
         self._entries.pop(consumer_id, None)
 
+  def discard(self, consumer_ids: Iterable[int]) -> None:
+    """`remove` without the lock, for a finalizer: it may run on a thread
+    that holds the lock (in `add`), and each dict operation is atomic."""
+    for consumer_id in consumer_ids:
+      self._entries.pop(consumer_id, None)
+
   def get(self, consumer_id: int) -> Consumer:
     return self._entry(consumer_id)[0]
 
   def context(self, consumer_id: int) -> str:
-    return self._entry(consumer_id)[1] if consumer_id in self._entries else ""
+    """What names the consumer in the error of a device that waited for it;
+    call it on the thread where the consumer raised, right after."""
+    if consumer_id not in self._entries:
+      return ""
+    context = self._entry(consumer_id)[1]
+    return context() if callable(context) else context
 
   def __len__(self) -> int:
     return len(self._entries)
 
-  def _entry(self, consumer_id: int) -> Tuple[Consumer, str]:
+  def _entry(self, consumer_id: int) -> Tuple[Consumer, Context]:
     try:
       return self._entries[consumer_id]
     except KeyError:

@@ -7,18 +7,32 @@ import collections
 import logging
 import os
 import threading
+import dataclasses
 from typing import (Callable, Deque, Dict, List, Mapping, Optional, Sequence,
-                    Tuple)
+                    Set, Tuple)
 
 import numpy as np
 
 from .errors import ErrorLog
 from .receiver import Receiver, consumer_thread
-from .packets import DirectRunError
-from .registry import ConsumerRegistry
+from .packets import DirectRunError, device_error
+from .registry import Consumer, ConsumerRegistry
 from .transport import Transport
 
 logger = logging.getLogger("host_callback")
+
+# (transport name, device id)
+_QueueKey = Tuple[str, int]
+
+
+@dataclasses.dataclass(frozen=True)
+class _Retired:
+  """Consumers and sites that no executable can send to any more, and how
+  many packets each queue had been sent when they were retired: every packet
+  for them is among those."""
+  consumer_ids: Sequence[int]
+  sites: Sequence[Tuple[str, int]]
+  sent: Mapping[_QueueKey, int]
 
 
 class Runtime:
@@ -36,9 +50,11 @@ class Runtime:
     """`at_exit` runs at interpreter exit if a receiver was ever started."""
     self.registry = ConsumerRegistry()
     self.errors = ErrorLog()
-    # (consumer ids, (transport name, site) pairs) no executable uses any more.
-    self._retired: Deque[Tuple[Sequence[int], Sequence[Tuple[str, int]]]] = (
-        collections.deque())
+    # What no executable uses any more, until its packets are consumed.
+    self._retired: Deque[_Retired] = collections.deque()
+    # The queues opened through `open_device`, readable without a lock.
+    self._opened: Set[_QueueKey] = set()
+    self._release_lock = threading.Lock()  # one release_retired at a time
     self._make_transports = make_transports
     self._max_bytes = max_bytes
     self._lock = threading.RLock()
@@ -113,28 +129,82 @@ class Runtime:
         self.errors.record(error)
         raise DirectRunError(error, self.registry.context(consumer_id)) from error
 
+  def run_here(self, consumer: Consumer, context: str, device_id: int,
+               arrays: List[np.ndarray]) -> Optional[Sequence[np.ndarray]]:
+    """Runs an unregistered consumer on the calling thread as `run_direct`
+    does, and raises what a device that waited for it would."""
+    with consumer_thread():
+      try:
+        return consumer(arrays, device_id)
+      except BaseException as error:  # pylint: disable=broad-except
+        self.errors.record(error)
+        raise device_error(error, context) from error
+
+  def idle(self, device_id: int) -> bool:
+    """Whether no packet of the device waits on any opened queue."""
+    transports = self._transports or {}
+    return not any(transports[name].stats(device_id).packets_waiting
+                   for name, opened in tuple(self._opened)
+                   if opened == device_id and name in transports)
+
+  def open_device(self, name: str, device_id: int) -> None:
+    """Opens a device's queue on the transport called `name`."""
+    self.transports()[name].open_device(device_id)
+    self._opened.add((name, device_id))
+
+  def _sent(self) -> Dict[_QueueKey, int]:
+    """Packets sent so far by each opened queue. Takes no lock but the
+    Python queues' own (reentrant) ones, so a finalizer may call it."""
+    transports = self._transports or {}
+    return {(name, device_id): transports[name].packets_sent(device_id)
+            for name, device_id in tuple(self._opened)
+            if name in transports}
+
+  def _consumed(self, sent: Mapping[_QueueKey, int]) -> bool:
+    """Whether each queue has consumed (and released) its first `sent[key]`
+    packets. Reads the count sent before the count waiting, so that their
+    difference never overstates what was consumed."""
+    transports = self._transports or {}
+    for (name, device_id), count in sent.items():
+      if not count:
+        continue
+      transport = transports[name]
+      now = transport.packets_sent(device_id)
+      if now - transport.stats(device_id).packets_waiting < count:
+        return False
+    return True
+
   def retire(self, consumer_ids: Sequence[int],
              sites: Sequence[Tuple[str, int]]) -> None:
-    """Consumers and sites that no executable can send to any more; they are
-    released by `release_retired` once their packets are consumed. Safe to
-    call from a finalizer, on any thread: it only appends."""
-    self._retired.append((consumer_ids, sites))
+    """Consumers and sites that no executable can send to any more.
+
+    Called by a finalizer, so on any thread and at any allocation: it takes
+    no lock that a thread holds while it allocates. When every packet for
+    them has been consumed already (the usual case, after a barrier), the
+    consumers, and so the host functions and their closures, are dropped at
+    once; `release_retired` frees the rest (the sites, and the consumers
+    whose packets were still waiting) once their packets are consumed.
+    """
+    retired = _Retired(tuple(consumer_ids), tuple(sites), self._sent())
+    if self._consumed(retired.sent):
+      self.registry.discard(retired.consumer_ids)
+    self._retired.append(retired)
 
   def release_retired(self) -> None:
-    """Releases the retired consumers and sites if no queue has a packet
-    waiting: packets for them were all sent before they were retired."""
-    transports = self._transports
-    if not self._retired or transports is None:
+    """Releases the retired consumers and sites whose packets (those sent
+    before they were retired) have all been consumed; the others wait for
+    a later call (at the next registration or barrier_wait)."""
+    if not self._retired or self._transports is None:
       return
-    if any(transport.stats(device_id).packets_waiting
-           for transport in transports.values()
-           for device_id in transport.device_ids()):
-      return
-    while self._retired:
-      consumer_ids, sites = self._retired.popleft()
-      self.registry.remove(consumer_ids)
-      for name, site in sites:
-        transports[name].unregister_site(site)
+    with self._release_lock:
+      for _ in range(len(self._retired)):  # finalizers may append meanwhile
+        retired = self._retired.popleft()
+        if not self._consumed(retired.sent):
+          self._retired.append(retired)
+          continue
+        self.registry.remove(retired.consumer_ids)
+        for name, site in retired.sites:
+          self._transports[name].unregister_site(site)
 
   def running_receiver(self) -> Optional[Receiver]:
     return self._receiver
