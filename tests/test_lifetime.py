@@ -6,7 +6,9 @@ and a host function that no computation can call any more stops pinning
 memory, after its queued packets have been delivered.
 """
 
+import functools
 import gc
+import io
 import threading
 import weakref
 
@@ -132,3 +134,145 @@ def test_taps_queued_before_their_function_is_dropped_are_delivered():
   assert seen == [0, 1, 2, 3, 4]
   _collect_and_barrier()
   assert ref() is None
+
+
+# --- Issue 23 item 1: a host function and its closure are freed once no
+# jaxpr, executable or pending packet uses it. ------------------------------
+
+def _closure_over_payload(op):
+  """Runs `op` with a host function whose closure alone holds a payload;
+  returns a weak reference to the payload."""
+  payload = _Payload()
+  ref = weakref.ref(payload)
+  x = jnp.arange(3.)
+  tap = lambda a, t: payload  # noqa: E731
+  host = lambda a: (payload, a)[1]  # noqa: E731
+  stream = io.StringIO()
+  if op == "jit_tap":
+    f = jax.jit(lambda v: hcb.id_tap(tap, v))
+  elif op == "jit_print":
+    f = jax.jit(lambda v: hcb.id_print(v, what=payload, output_stream=stream))
+  elif op == "jit_call":
+    f = jax.jit(lambda v: hcb.call(host, v, result_shape=v))
+  elif op == "eager_tap":
+    f = lambda v: hcb.id_tap(tap, v)  # noqa: E731
+  elif op == "eager_print":
+    f = lambda v: hcb.id_print(v, what=payload, output_stream=stream)  # noqa: E731
+  else:
+    f = lambda v: hcb.call(host, v, result_shape=v)  # noqa: E731
+  jax.block_until_ready(f(x))
+  return ref
+
+
+_OPS = ["jit_tap", "jit_print", "jit_call", "eager_tap", "eager_print",
+        "eager_call"]
+
+
+@pytest.mark.parametrize("op", _OPS)
+def test_closure_is_freed_after_barrier_clear_caches_and_collect(both_modes,
+                                                                 op):
+  """The issue's order: the barrier runs before the host function dies (in
+  jax.clear_caches or gc.collect), and nothing of ours runs after it."""
+  ref = _closure_over_payload(op)
+  hcb.barrier_wait()
+  jax.clear_caches()
+  gc.collect()
+  assert ref() is None
+
+
+@pytest.mark.parametrize("op", _OPS)
+def test_closure_is_freed_with_its_jitted_function(both_modes, op):
+  """As with jax.debug.callback: no jax.clear_caches() needed."""
+  ref = _closure_over_payload(op)
+  gc.collect()
+  hcb.barrier_wait()
+  gc.collect()
+  assert ref() is None
+
+
+# --- Issue 23 item 2: eager taps, prints and calls compile nothing per host
+# function. ------------------------------------------------------------------
+
+def _eager_round(i, seen, stream):
+  x = jnp.arange(3.)
+  hcb.id_tap(functools.partial(_note, seen, i), x)
+  hcb.id_print(x, what=i, output_stream=stream)
+  y = hcb.call(functools.partial(_plus, i), x, result_shape=x)
+  np.testing.assert_array_equal(y, np.arange(3.) + i)
+
+
+def _note(seen, i, arg, transforms):
+  del arg, transforms
+  seen.append(i)
+
+
+def _plus(i, arg):
+  return arg + i
+
+
+def test_eager_taps_prints_and_calls_of_new_functions_compile_nothing(
+    both_modes, compiles):
+  seen, stream = [], io.StringIO()
+  _eager_round(0, seen, stream)
+  hcb.barrier_wait()  # compiles its markers once
+  before = len(compiles)
+  with jax.log_compiles(True):
+    for i in range(1, 4):
+      _eager_round(i, seen, stream)
+    hcb.barrier_wait()
+  assert len(compiles) == before
+  assert seen == [0, 1, 2, 3]
+  assert stream.getvalue() == "".join(
+      f"what: {i}\n[0. 1. 2.]\n" for i in range(4))
+
+
+def test_eager_taps_keep_their_place_among_jitted_ones(both_modes):
+  log = []
+  f = jax.jit(lambda v: hcb.id_tap(lambda a, t: log.append(int(a)), v))
+  for i in range(0, 8, 2):
+    f(jnp.int32(i))
+    hcb.id_tap(lambda a, t, i=i: log.append(("eager", i + 1)), jnp.int32(i))
+  hcb.barrier_wait()
+  assert log == [v for i in range(0, 8, 2) for v in (i, ("eager", i + 1))]
+
+
+def test_synchronous_eager_tap_waits_behind_taps_queued_on_its_device():
+  """The device is busy: the eager tap is queued after what it sent."""
+  release, log = threading.Event(), []
+
+  def slow(arg, transforms):
+    del transforms
+    release.wait(30)
+    log.append(int(arg))
+
+  f = jax.jit(lambda v: hcb.id_tap(slow, v))
+  for i in range(3):  # the outfeed mode (conftest): queued
+    f(jnp.int32(i))
+  jax.config.update("jax_host_callback_outfeed", False)
+  threading.Timer(0.2, release.set).start()
+  hcb.id_tap(lambda a, t: log.append("eager"), jnp.int32(9))
+  assert log == [0, 1, 2, "eager"]
+
+
+def test_synchronous_eager_tap_that_raises_fails_and_is_recorded():
+  jax.config.update("jax_host_callback_outfeed", False)
+
+  def broken_tap(arg, transforms):
+    raise ValueError("boom")
+
+  with pytest.raises(Exception, match="broken_tap") as info:
+    hcb.id_tap(broken_tap, jnp.int32(1))
+  assert "ValueError: boom" in str(info.value)
+  with pytest.raises(hcb.CallbackException) as raised:
+    hcb.barrier_wait()
+  assert isinstance(raised.value.__cause__, ValueError)
+
+
+def test_eager_taps_and_calls_under_disable_jit(both_modes):
+  seen = []
+  with jax.disable_jit():
+    hcb.id_tap(lambda a, t: seen.append(int(a)), jnp.int32(3))
+    assert int(hcb.call(lambda a: a + 1, jnp.int32(3),
+                        result_shape=jnp.int32(0))) == 4
+  hcb.barrier_wait()
+  assert seen == [3]
