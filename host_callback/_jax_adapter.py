@@ -26,6 +26,7 @@ from jax._src import util as _util
 from jax._src import named_sharding as _named_sharding
 from jax._src import sharding_impls as _sharding_impls
 from jax._src.interpreters import mlir as _mlir
+from jax._src.interpreters import partial_eval as _pe
 from jax._src.interpreters import pxla as _pxla
 from jax._src.lax.control_flow import loops as _loops
 from jax._src.lib import xla_client as _xla_client
@@ -41,7 +42,8 @@ _REQUIRED = {
     _dispatch: ("apply_primitive", "prim_requires_devices_during_lowering"),
     _effects: ("Effect", "lowerable_effects", "control_flow_allowed_effects",
                "custom_derivatives_allowed_effects", "remat_allowed_effects",
-               "ordered_effects", "shardable_ordered_effects"),
+               "ordered_effects", "shardable_ordered_effects",
+               "partial_eval_kept_effects"),
     _sharding_impls: ("ShardingContext", "SPMDAxisContext", "SdyArrayList"),
     _named_sharding: ("SdyArray", "SdyDim"),
     _mlir: ("set_sharding", "wrap_with_sharding_op", "jaxpr_subcomp",
@@ -49,7 +51,8 @@ _REQUIRED = {
     _pxla: ("_cached_lowering_to_hlo",),
     _util: ("weakref_lru_cache",),
     pe: ("partial_eval_jaxpr_custom_rules",),
-    _loops: ("while_p", "_while_lowering"),
+    _pe: ("RecomputeType",),
+    _loops: ("while_p", "_while_lowering", "_scan_known_hoisting"),
 }
 
 
@@ -105,7 +108,11 @@ for _registry in (_effects.lowerable_effects,
                   _effects.custom_derivatives_allowed_effects,
                   _effects.remat_allowed_effects,
                   _effects.ordered_effects,
-                  _effects.shardable_ordered_effects):
+                  _effects.shardable_ordered_effects,
+                  # JaxprTrace's partial evaluation (grad, vjp, linearize of
+                  # loops) keeps an equation with such an effect whatever
+                  # uses its outputs, as for jax.debug.callback.
+                  _effects.partial_eval_kept_effects):
   _registry.add_type(HostCallbackEffect)
 
 
@@ -143,6 +150,18 @@ def hold_weakly_in_jax_caches(cls: type) -> None:
       continue
     types.add(cls)
     return
+
+
+def remat_saves(saveable: Callable[..., Any], eqn: Any) -> bool:
+  """Whether a `jax.checkpoint` policy, `saveable` as the partial-eval rule
+  gets it, keeps the outputs of `eqn` for the backward pass rather than
+  recomputing them (an output it offloads counts as kept). Wraps
+  jax._src.interpreters.partial_eval.RecomputeType, one of the values a
+  policy may return besides a bool (jax 0.10.2)."""
+  case = saveable(eqn.primitive, *[x.aval for x in eqn.invars], **eqn.params)
+  if isinstance(case, bool):
+    return case
+  return not isinstance(case, _pe.RecomputeType)
 
 
 def physical_aval(aval: Any) -> Any:
@@ -429,6 +448,34 @@ def _while_lowering(ctx: Any, *args: Any, cond_jaxpr: Any, body_jaxpr: Any,
   return mlir.lower_fun(fun, multiple_results=True)(ctx, *args)
 
 
+def install_scan_hoisting_guard() -> None:
+  """Keeps taps in the loop when differentiating a `scan` (and so a
+  `fori_loop` with static bounds).
+
+  After linearizing or partially evaluating a scan, JAX hoists out of the
+  loop what its forward body computes from loop-invariant values only (the
+  body's consts, a carry passed through unchanged, or nothing), to compute
+  it once: a tap of such values, an operand-less one included, would then
+  run once instead of once per iteration. This wraps
+  jax._src.lax.control_flow.loops._scan_known_hoisting (jax 0.10.2: called
+  by _scan_linearize and _scan_partial_eval) so that a forward body with
+  our effect is left as it is, which its own source names as the way to
+  disable the hoisting; bodies without taps are hoisted as before.
+  """
+  hoist = _loops._scan_known_hoisting
+  if getattr(hoist, "_host_callback_guard", False):
+    return
+
+  def hoist_unless_tapping(jaxpr_known: Any, known_consts: Any,
+                           num_res: int) -> Any:
+    if host_callback_effect in jaxpr_known.effects:
+      return jaxpr_known, known_consts, [False] * num_res, []
+    return hoist(jaxpr_known, known_consts, num_res)
+
+  hoist_unless_tapping._host_callback_guard = True  # type: ignore[attr-defined]
+  _loops._scan_known_hoisting = hoist_unless_tapping
+
+
 def install_while_lowering() -> None:
   """Registers `_while_lowering` for `while_p` on every platform."""
   mlir.register_lowering(_loops.while_p, _while_lowering)
@@ -438,10 +485,11 @@ __all__ = [
     "ad", "batching", "hlo", "mlir", "pe", "check_jax", "bool_setting",
     "int_setting", "enum_setting", "host_callback_effect", "apply_primitive",
     "require_devices_during_lowering", "register_partial_eval_custom_rule",
-    "physical_aval", "hold_weakly_in_jax_caches", "ExecutionPlace", "execution_place", "op_sharding",
+    "physical_aval", "hold_weakly_in_jax_caches", "remat_saves", "ExecutionPlace", "execution_place", "op_sharding",
     "emit_python_callback", "replicate_results", "abstract_token",
     "sharded_devices", "set_token_op_sharding", "thread_token",
-    "install_while_lowering", "install_top_level_rewrite", "scope_eqn",
+    "install_while_lowering", "install_scan_hoisting_guard",
+    "install_top_level_rewrite", "scope_eqn",
     "run_to_completion_at_dispatch",
     "lower_scope_body",
 ]

@@ -188,21 +188,27 @@ def _batch_call(batched_operands, batch_dims, **params):
 batching.primitive_batchers[host_callback_p] = _batch
 
 
-# --- partial eval for jax.checkpoint: re-tap the rematerialised primal ----
+# --- partial eval for jax.checkpoint: re-tap what the policy recomputes ----
 
 def _partial_eval_custom(saveable, unknowns_in, instantiated_in, eqn):
-  """Staged when any input is unknown; otherwise run in the forward pass *and*
-  again where the primal is recomputed, as the original did."""
-  del saveable
+  """A tap of known values runs in the forward pass and, when the policy
+  recomputes its outputs (`jax.checkpoint`'s default, or `dots_saveable`),
+  again where the backward pass recomputes them, as the original did; when
+  the policy saves them (`everything_saveable`), only once. A tap of unknown
+  values is staged."""
+  outs = len(eqn.outvars)
+  known = not any(unknowns_in)
+  if known and adapter.remat_saves(saveable, eqn):
+    return eqn, None, [False] * outs, [False] * outs, []
   # Inputs the staged equation reads must be saved as residuals.
   residuals = [x for x, inst in zip(eqn.invars, instantiated_in)
                if not inst and not isinstance(x, jax.extend.core.Literal)]
-  outs = len(eqn.outvars)
-  known_eqn = None if any(unknowns_in) else eqn
-  return known_eqn, eqn, [any(unknowns_in)] * outs, [True] * outs, residuals
+  return (eqn if known else None), eqn, [not known] * outs, [True] * outs, \
+      residuals
 
 
 adapter.register_partial_eval_custom_rule(host_callback_p, _partial_eval_custom)
 
 
 adapter.install_while_lowering()  # taps in a batched while predicate
+adapter.install_scan_hoisting_guard()  # taps stay in loops under grad
