@@ -1,0 +1,73 @@
+"""host_callback's modules import one another top-down, as
+docs/architecture.md ("Layers") draws them: no import cycle, not even one
+made of imports inside functions."""
+
+from __future__ import annotations
+
+import ast
+import pathlib
+import subprocess
+import sys
+import textwrap
+from typing import Dict, List, Set
+
+PACKAGE = pathlib.Path(__file__).resolve().parent.parent / "host_callback"
+
+
+def _imports() -> Dict[str, Set[str]]:
+  """Each module's imports of sibling modules, at any depth in its code."""
+  graph: Dict[str, Set[str]] = {}
+  for path in PACKAGE.glob("*.py"):
+    deps = graph.setdefault(path.stem, set())
+    for node in ast.walk(ast.parse(path.read_text())):
+      if isinstance(node, ast.ImportFrom) and node.level == 1:
+        if node.module:
+          deps.add(node.module.split(".")[0])
+        else:
+          deps.update(alias.name for alias in node.names)
+  return graph
+
+
+def _cycles(graph: Dict[str, Set[str]]) -> List[List[str]]:
+  cycles = []
+
+  def visit(module: str, path: List[str]) -> None:
+    for dep in sorted(graph.get(module, ())):
+      if dep in path:
+        cycles.append(path[path.index(dep):] + [dep])
+      elif len(path) < len(graph):
+        visit(dep, path + [dep])
+
+  for module in sorted(graph):
+    visit(module, [module])
+  return cycles
+
+
+def test_modules_import_each_other_without_cycles():
+  assert _cycles(_imports()) == []
+
+
+def test_runtime_barrier_and_primitive_read_top_down():
+  graph = _imports()
+  assert "barrier" not in graph["runtime"]
+  assert "barrier" not in graph["primitive"]
+  assert "primitive" in graph["barrier"]
+  assert "runtime" in graph["primitive"]
+
+
+def test_each_module_imports_alone_and_taps_drain_at_exit(transport):
+  """Any of them can be imported first; the drain at exit still runs."""
+  for module in ("runtime", "barrier", "primitive", "lowering"):
+    code = textwrap.dedent(f"""
+        import host_callback.{module}
+        import jax, jax.numpy as jnp
+        import host_callback as hcb
+        jax.config.update("jax_host_callback_transport", {transport!r})
+        jax.config.update("jax_host_callback_outfeed", True)
+        hcb.id_tap(lambda a, t: print("tapped", int(a), flush=True),
+                   jnp.int32(3))
+        """)
+    done = subprocess.run([sys.executable, "-c", code], capture_output=True,
+                          text=True, timeout=120, check=False)
+    assert done.returncode == 0, done.stderr
+    assert done.stdout == "tapped 3\n", (module, done.stdout, done.stderr)
