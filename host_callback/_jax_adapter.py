@@ -373,7 +373,10 @@ def scope_eqn(top_jaxpr: Any, primitive: Any, effects: Any) -> Any:
   # jax 0.10 has ClosedJaxpr (a jaxpr and its consts); jax 0.12 has not.
   closed_type = getattr(_core, "ClosedJaxpr", None)
   closed = closed_type is not None and isinstance(top_jaxpr, closed_type)
-  jaxpr = top_jaxpr.jaxpr if closed else top_jaxpr
+  # A copy when `top_jaxpr` is open: the result, cached weakly keyed on
+  # `top_jaxpr` (install_top_level_rewrite), must not hold its key, or the
+  # entry, and the host functions in it, would outlive the jaxpr.
+  jaxpr = top_jaxpr.jaxpr if closed else top_jaxpr.replace()
   outvars = [_core.Var(v.aval) for v in jaxpr.outvars]
   eqn = _core.new_jaxpr_eqn([*jaxpr.constvars, *jaxpr.invars], outvars,
                             primitive, {"jaxpr": jaxpr}, set(effects))

@@ -138,7 +138,10 @@ class Runtime:
         return consumer(arrays, device_id)
       except BaseException as error:  # pylint: disable=broad-except
         self.errors.record(error)
-        raise device_error(error, context) from error
+        raised = device_error(error, context)  # chained to `error`
+        if raised is error:
+          raise
+        raise raised  # pylint: disable=raise-missing-from
 
   def idle(self, device_id: int) -> bool:
     """Whether no packet of the device waits on any opened queue."""

@@ -276,3 +276,16 @@ def test_eager_taps_and_calls_under_disable_jit(both_modes):
                         result_shape=jnp.int32(0))) == 4
   hcb.barrier_wait()
   assert seen == [3]
+
+
+def test_synchronous_eager_call_that_raises_names_it_and_chains_the_cause():
+  jax.config.update("jax_host_callback_outfeed", False)
+
+  def my_func(x):
+    raise KeyError("k")
+
+  with pytest.raises(Exception, match="my_func raised KeyError") as info:
+    hcb.call(my_func, jnp.float32(1.), result_shape=jnp.float32(1.))
+  assert isinstance(info.value.__cause__, KeyError)
+  with pytest.raises(hcb.CallbackException):
+    hcb.barrier_wait()
