@@ -32,7 +32,7 @@ class _Retired:
   for them is among those."""
   consumer_ids: Sequence[int]
   sites: Sequence[Tuple[str, int]]
-  sent: Mapping[_QueueKey, int]
+  sent: Optional[Mapping[_QueueKey, int]]  # None: unknown
 
 
 class Runtime:
@@ -163,11 +163,14 @@ class Runtime:
             for name, device_id in tuple(self._opened)
             if name in transports}
 
-  def _consumed(self, sent: Mapping[_QueueKey, int]) -> bool:
+  def _consumed(self, sent: Optional[Mapping[_QueueKey, int]]) -> bool:
     """Whether each queue has consumed (and released) its first `sent[key]`
-    packets. Reads the count sent before the count waiting, so that their
-    difference never overstates what was consumed."""
+    packets (all it was sent, when `sent` is None). Reads the count sent
+    before the count waiting, so that their difference never overstates
+    what was consumed."""
     transports = self._transports or {}
+    if sent is None:
+      return all(self.idle(device_id) for _, device_id in tuple(self._opened))
     for (name, device_id), count in sent.items():
       if not count:
         continue
@@ -188,9 +191,13 @@ class Runtime:
     once; `release_retired` frees the rest (the sites, and the consumers
     whose packets were still waiting) once their packets are consumed.
     """
-    retired = _Retired(tuple(consumer_ids), tuple(sites), self._sent())
-    if self._consumed(retired.sent):
-      self.registry.discard(retired.consumer_ids)
+    try:
+      retired = _Retired(tuple(consumer_ids), tuple(sites), self._sent())
+      if self._consumed(retired.sent):
+        self.registry.discard(retired.consumer_ids)
+    except Exception:  # pylint: disable=broad-except
+      # Counts unknown: freed once every queue is idle.
+      retired = _Retired(tuple(consumer_ids), tuple(sites), None)
     self._retired.append(retired)
 
   def release_retired(self) -> None:
