@@ -38,10 +38,14 @@ def bind(operands: Sequence[Any], *, function: HostFunction, num_args: int,
 
 def _impl(*operands, function: HostFunction, num_args: int, device_index: int,
           transforms: Transforms):
-  """Eager use (no jit) goes through the receiver as jitted taps do, in the
-  device's order, by an op compiled once per signature (`_eager_op`): the
-  host function travels as a ticket (`runtime.eager_ticket`), so a new one
-  compiles nothing. With the inline setting, it runs in the caller."""
+  """Eager use (no jit) compiles nothing per host function. In the
+  synchronous mode, with its arguments on one idle device, the host function
+  runs once they are ready, on the calling thread, as a direct request
+  would (`runtime.run_eager`). Otherwise it goes through the receiver as
+  jitted taps do, in the device's order, by an op compiled once per
+  signature (`_eager_op`), the host function travelling as a ticket
+  (`runtime.eager_ticket`). With the inline setting, it runs in the
+  caller."""
   if settings.inline.value:
     arrays = [jax.numpy.asarray(x) for x in operands[:num_args]]
     device = next(iter(arrays[0].devices())) if arrays else jax.devices()[0]
@@ -203,8 +207,8 @@ def _partial_eval_custom(saveable, unknowns_in, instantiated_in, eqn):
   # Inputs the staged equation reads must be saved as residuals.
   residuals = [x for x, inst in zip(eqn.invars, instantiated_in)
                if not inst and not isinstance(x, jax.extend.core.Literal)]
-  return (eqn if known else None), eqn, [not known] * outs, [True] * outs, \
-      residuals
+  known_eqn = eqn if known else None
+  return known_eqn, eqn, [not known] * outs, [True] * outs, residuals
 
 
 adapter.register_partial_eval_custom_rule(host_callback_p, _partial_eval_custom)

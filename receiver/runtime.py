@@ -4,10 +4,10 @@ from __future__ import annotations
 
 import atexit
 import collections
+import dataclasses
 import logging
 import os
 import threading
-import dataclasses
 from typing import (Callable, Deque, Dict, List, Mapping, Optional, Sequence,
                     Set, Tuple)
 
