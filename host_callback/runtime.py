@@ -7,7 +7,8 @@ import functools
 import itertools
 import threading
 import weakref
-from typing import Any, Callable, Dict, List, Optional, Sequence, Set, Tuple
+from typing import (Any, Callable, Dict, List, Optional, Sequence, Set, Tuple,
+                    Union)
 
 import jax
 import numpy as np
@@ -108,6 +109,8 @@ def register(function: HostFunction, transforms: Transforms) -> int:
     registrations = _registrations_of(function)
     consumer_id = registrations.consumer_ids.get(transforms)
     if consumer_id is None:
+      consumer: Consumer
+      context: Union[str, Callable[[], str]]
       if function.func is _dispatch:
         consumer, context = _dispatch, _dispatch_context
       else:
