@@ -48,41 +48,30 @@ def _ending_execution_on_failure(host_side: Callable, on_failure: Any
 
 
 def emit(ctx: Any, place: adapter.ExecutionPlace, kind: Kind,
-         operands: Sequence[Any], operand_avals: Sequence[Any], num_sent: int,
+         operands: Sequence[Any], operand_avals: Sequence[Any],
          result_avals: Sequence[Any], site: int) -> List[Any]:
-  """A Python callback that sends `operands[:num_sent]` on the device; a
-  CALL returns the host's reply, a TAP_SYNC its operands once replied."""
+  """A Python callback that sends `operands` on the device; a CALL returns
+  the host's reply, a TAP_SYNC returns once the host function ran."""
   extra, extra_avals, decode = _device_id_source(place)
   transport = runtime.transport("python")
 
   if kind is Kind.TAP:
     def host_side(*arrays):
       device_id, values = decode(arrays)
-      transport.send(device_id, site, values[:num_sent])
+      transport.send(device_id, site, values)
       return ()
   elif kind is Kind.CALL:
     def host_side(*arrays):
       device_id, values = decode(arrays)
-      return tuple(transport.request(device_id, site, values[:num_sent]))
+      return tuple(transport.request(device_id, site, values))
   else:
-    # float0 values (no data) pass by, as JAX's callbacks cannot return them.
-    returned = [i for i, a in enumerate(operand_avals)
-                if a.dtype != jax.dtypes.float0]
-    result_avals = [operand_avals[i] for i in returned]
-
     def host_side(*arrays):
       device_id, values = decode(arrays)
-      transport.request(device_id, site, values[:num_sent])
-      return tuple(values[i] for i in returned)
+      transport.request(device_id, site, values)
+      return ()
 
   host_side = _ending_execution_on_failure(host_side, executions.failed(ctx))
   results = adapter.emit_python_callback(
       ctx, host_side, [*extra, *operands], [*extra_avals, *operand_avals],
       result_avals, adapter.op_sharding(ctx, place, result_avals))
-  results = adapter.replicate_results(ctx, results, result_avals)
-  if kind is not Kind.TAP_SYNC:
-    return results
-  outputs = list(operands)
-  for i, result in zip(returned, results):
-    outputs[i] = result
-  return outputs
+  return adapter.replicate_results(ctx, results, result_avals)

@@ -14,16 +14,12 @@ import numpy as np
 from . import settings
 from .host_functions import CallError, HostFunction, Transforms, make_consumer
 from .receiver import PythonTransport, QueueStats, Runtime, Transport
-
-try:
-  from .receiver import transport_native
-except ImportError:  # the native library is absent
-  transport_native = None
+from .receiver import native_library, transport_native
 
 
 def native_available() -> bool:
   """Whether the native transport was built and loads."""
-  return transport_native is not None and transport_native.available()
+  return native_library.available()
 
 
 def available_transports() -> List[str]:
@@ -109,7 +105,10 @@ def register_site(producer: Transport, function: HostFunction,
                   transforms: Transforms, dtypes: Sequence[np.dtype],
                   shapes: Sequence[Tuple[int, ...]]) -> int:
   """A new site of `producer` for `function` under `transforms`."""
-  site = producer.register_site(register(function, transforms), dtypes, shapes)
+  site = producer.register_site(
+      register(function, transforms), dtypes, shapes, name=function.name,
+      copy=function.copy,
+      result_dtypes=[a.dtype for a in function.result_avals])
   with _registrations_lock:
     _registrations_of(function).sites.add((producer.name, site))
   return site

@@ -270,7 +270,7 @@ def test_tap_function_whose_signature_is_unknown_is_reported_at_barrier_once(
       """, transport=transport, timeout=60)
   assert done.returncode != 0
   assert "CallbackException: There were exceptions" in done.stderr
-  assert done.stderr.count("function.func(arg, unpacked, **kwargs)") == 2, (
+  assert done.stderr.count("func(argument(arrays), unpacked)") == 2, (
       done.stderr)
 
 

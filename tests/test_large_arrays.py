@@ -2,7 +2,7 @@
 comes back, and a 1 GiB tap and call are correct.
 
 On the native transport a large packet (at least
-`transport_native.LARGE_PACKET_BYTES`) lies in a block of its own that the
+`native_memory.LARGE_PACKET_BYTES`) lies in a block of its own that the
 host function's arrays view, and goes back to a pool once they are gone;
 these tests check the promises that makes, on both transports (conftest.py)
 and, where the path differs, in both modes.
@@ -17,11 +17,11 @@ import numpy as np
 import pytest
 
 import host_callback as hcb
-from host_callback.receiver import transport_native
+from host_callback.receiver import native_library, native_memory
 
 # f32[128, 1024]: 512 KiB, a large packet on the native transport.
 LARGE = (128, 1024)
-assert 4 * LARGE[0] * LARGE[1] >= transport_native.LARGE_PACKET_BYTES
+assert 4 * LARGE[0] * LARGE[1] >= native_memory.LARGE_PACKET_BYTES
 
 
 def _rss_bytes() -> int:
@@ -205,14 +205,14 @@ def test_blocks_come_back_when_the_last_view_goes(transport, both_modes):
   f(x)
   hcb.barrier_wait()
   kept.clear()
-  baseline = transport_native.pool_stats()["blocks_out"]
+  baseline = native_library.pool_stats()["blocks_out"]
   for i in range(5):
     f(x + i)
   hcb.barrier_wait()
   # the receiver's loop may hold its last packet until the next one
-  assert baseline + 4 <= transport_native.pool_stats()["blocks_out"]
+  assert baseline + 4 <= native_library.pool_stats()["blocks_out"]
   np.testing.assert_array_equal(
       np.stack(kept), np.stack([np.full((2, LARGE[1]), 1 + i, np.float32)
                                 for i in range(5)]))
   kept.clear()
-  assert transport_native.pool_stats()["blocks_out"] <= baseline + 1
+  assert native_library.pool_stats()["blocks_out"] <= baseline + 1

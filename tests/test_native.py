@@ -16,7 +16,7 @@ from jax.sharding import NamedSharding, PartitionSpec as P
 
 import host_callback as hcb
 from host_callback import runtime, settings
-from host_callback.receiver import transport_native
+from host_callback.receiver import native_library
 from helpers import wait_until
 
 
@@ -58,7 +58,7 @@ def test_native_is_built_and_chosen_on_cpu(transport):
   if transport == "python":
     assert settings.transport_name(False) == "python"
     return
-  assert transport_native.available()
+  assert native_library.available()
   jax.config.update("jax_host_callback_transport", "auto")
   assert settings.transport_name(runtime.native_available()) == "native"
 

@@ -16,7 +16,7 @@ import pytest
 
 import host_callback as hcb
 from host_callback import runtime
-from host_callback.receiver import transport_native
+from host_callback.receiver import native_wire
 
 from helpers import run_python
 
@@ -128,7 +128,7 @@ def native_only(transport):
 
 
 def _newest_site() -> int:
-  return max(transport_native._sites)  # pylint: disable=protected-access
+  return max(native_wire.sites)
 
 
 def test_unregistered_site_fails_its_device(native_only):
