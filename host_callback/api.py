@@ -218,6 +218,7 @@ def id_print(arg: Any, *, result: Any = None, tap_with_device: bool = False,
   _ignore_callback_flavor(kwargs, "id_print")
   _warn_of_traced_kwargs(kwargs)
   printer = Printer(output_stream, threshold, kwargs)
+  _check_copy(copy, "id_print")
   return id_tap(printer, arg, result=result, tap_with_device=tap_with_device,
                 device_index=device_index, copy=copy)
 
