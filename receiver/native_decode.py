@@ -71,7 +71,7 @@ def _drop(device: Any, row: List[int], site: Optional[Site]) -> None:
   _logger.error("%s; it is dropped", reason)
   if request_id:
     NativeReply(request_id).set_error(RuntimeError(reason))
-  device.drop()
+  device.finish_one()
 
 
 def _read_only(arrays: Sequence[np.ndarray]) -> Sequence[np.ndarray]:

@@ -88,8 +88,13 @@ class _Device:
     self._buffer_bytes = min(BATCH_BYTES, max(MIN_BUFFER_BYTES, 2 * copied))
     return buffer.lend(), index
 
-  def drop(self) -> None:
-    """Marks one packet of the last batch finished without a consumer."""
+  def finish_one(self) -> None:
+    """Marks one packet of the last batch not yet finished as finished.
+
+    Packets finish in the order they were taken, except that a batch taken
+    by a nested consumer (`set_nested_consumer`) finishes inside the batch
+    before it: the last unfinished batch is always the one being consumed.
+    """
     batch = self.batches[-1]
     batch[0] -= 1
     if not batch[0]:
@@ -157,6 +162,7 @@ class NativeTransport:
   def clear_restart_hook(self) -> None:
     native.set_restart_hook(None)
     native.set_direct_runner(None, None)
+    native.set_nested_consumer(None)
     native.set_interrupt_thread(0)
 
   def set_direct_runner(self, run: DirectRun) -> None:
@@ -164,6 +170,13 @@ class NativeTransport:
     its own thread: `run(consumer_id, device_id, arrays)` returns the results
     or raises `DirectRunError`."""
     native.set_direct_runner(run, native_wire.wire_array)
+
+  def set_nested_consumer(self, consume: Callable[[int], None]) -> None:
+    """Lets a device's consumer thread serve a request it makes of that
+    device (a host function running JAX code): `consume(device_id)`
+    consumes, in the device's order, what the thread has taken and not yet
+    consumed, else the next batch."""
+    native.set_nested_consumer(consume)
 
   def attach(self, max_bytes: int, listener: Callable[[int], None]) -> None:
     self._max_bytes = max_bytes
@@ -192,13 +205,7 @@ class NativeTransport:
   def mark_finished(self, device_id: int, packet: Packet) -> None:
     # The bytes are released by the next take_batch, which the consumer
     # thread calls as soon as it has finished its batch, or by release.
-    device = self._devices[device_id]
-    batch = device.batches[0]
-    batch[0] -= 1
-    if not batch[0]:
-      device.batches.popleft()
-      device.finished += batch[1]
-      device.finished_bytes += batch[2]
+    self._devices[device_id].finish_one()
 
   def release(self, device_id: int) -> None:
     self._devices[device_id].release()

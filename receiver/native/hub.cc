@@ -276,6 +276,10 @@ void Hub::SetDirectRunner(DirectRunner runner) {
   direct_runner_.store(runner, std::memory_order_seq_cst);
 }
 
+void Hub::SetNestedConsumer(NestedConsumer consumer) {
+  nested_consumer_.store(consumer, std::memory_order_seq_cst);
+}
+
 void Hub::SetInterruptHook(InterruptHook hook, Rearm rearm,
                            uint64_t main_thread) {
   main_thread_.store(main_thread, std::memory_order_seq_cst);
@@ -608,6 +612,8 @@ class Hub::PendingRequest {
 
   int64_t id() const { return id_; }
 
+  bool Answered() const { return answered(); }
+
   // Waits for the reply; gives up on Ctrl-C or when no receiver can answer.
   Status Wait(int64_t device_id) {
     auto answered = [&] { return this->answered(); };
@@ -663,14 +669,32 @@ Status Hub::Call(int64_t device_id, int64_t site, const Span* arrays,
     return direct;
   }
   if (IsConsumer(queue)) {
+    if (NestedConsumer consume =
+            nested_consumer_.load(std::memory_order_seq_cst)) {
+      // This thread consumes the device's queue: it serves the request
+      // itself, after what the device sent before it.
+      PendingRequest request(this, outputs, num_outputs);
+      if (Status status =
+              Push(device_id, site, request.id(), arrays, num_arrays);
+          !status.ok()) {
+        return status;
+      }
+      while (!request.Answered()) {
+        if (consume(device_id) != 0) {
+          return Failure(Code::kUnavailable,
+                         "host_callback: no receiver could serve a call made "
+                         "from a host function of device " +
+                             std::to_string(device_id));
+        }
+      }
+      return request.Wait(device_id);
+    }
     return Failure(
         Code::kFailedPrecondition,
         "host_callback: a call (or synchronous tap) made from inside a host "
         "function that the receiver thread of device " +
             std::to_string(device_id) +
-            " runs cannot be answered on the native transport: it would wait "
-            "for that host function. Run it in the synchronous mode "
-            "(jax_host_callback_outfeed=False) or on the Python transport.");
+            " runs cannot be served: the receiver has shut down");
   }
   struct Suspension {  // lets the consumer answer a nested request
     Hub* hub;

@@ -207,6 +207,12 @@ enum class DirectOutcome : int {
   kInterrupted = 3,  // Ctrl-C (KeyboardInterrupt) stopped it: `error`
 };
 
+// Called by a device's consumer thread that makes a request of its own
+// device (a host function running JAX code in the outfeed mode): consumes,
+// in the device's order, what the consumer has taken and not yet consumed,
+// else the next batch. Returns 0, or nonzero when no receiver can consume.
+using NestedConsumer = int (*)(int64_t device_id);
+
 // Runs a request's host function on the device thread (the extension
 // module's runner, which takes the GIL). It declines only before the host
 // function ran.
@@ -236,6 +242,9 @@ class Hub {
   // With a runner, a request whose device has nothing queued runs its host
   // function on the device thread instead of a round trip to the receiver.
   void SetDirectRunner(DirectRunner runner);
+  // With a nested consumer, a request made on a device's consumer thread is
+  // queued and served by that thread (NestedConsumer); without, it fails.
+  void SetNestedConsumer(NestedConsumer consumer);
   // Waits on the thread `main_thread` (pthread_self() of Python's main
   // thread) call `hook`, then `rearm` when it reports Ctrl-C; none without a
   // hook. A direct run interrupted on that thread calls `rearm` too.
@@ -340,6 +349,7 @@ class Hub {
   std::atomic<bool> attached_{false};
   std::atomic<RestartHook> restart_hook_{nullptr};
   std::atomic<DirectRunner> direct_runner_{nullptr};
+  std::atomic<NestedConsumer> nested_consumer_{nullptr};
   std::atomic<InterruptHook> interrupt_hook_{nullptr};
   std::atomic<Rearm> rearm_{nullptr};
   std::atomic<uint64_t> main_thread_{0};

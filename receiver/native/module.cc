@@ -85,6 +85,25 @@ int Restart() {
   return failed;
 }
 
+PyObject* nested_callable = nullptr;  // owned; guarded by the GIL
+
+// Hub's NestedConsumer: calls Python's nested consumer with the GIL.
+int ConsumeNested(int64_t device_id) {
+  PyGILState_STATE gil = PyGILState_Ensure();
+  int failed = 1;
+  if (nested_callable != nullptr) {
+    PyObject* result = PyObject_CallFunction(nested_callable, "L",
+                                             static_cast<long long>(device_id));
+    failed = result == nullptr;
+    Py_XDECREF(result);
+    if (failed) {
+      PyErr_WriteUnraisable(nested_callable);  // logged; the device fails
+    }
+  }
+  PyGILState_Release(gil);
+  return failed;
+}
+
 // Hub's InterruptHook: Python's PyOS_InterruptOccurred, which on the main
 // thread reports (and clears) a pending Ctrl-C without running Python code.
 int InterruptOccurred() {
@@ -134,6 +153,18 @@ PyObject* SetRestartHook(PyObject*, PyObject* callable) {
     Py_INCREF(callable);
     Py_XSETREF(restart_callable, callable);
     hub().SetRestartHook(Restart);
+  }
+  Py_RETURN_NONE;
+}
+
+PyObject* SetNestedConsumer(PyObject*, PyObject* callable) {
+  if (callable == Py_None) {
+    hub().SetNestedConsumer(nullptr);
+    Py_CLEAR(nested_callable);
+  } else {
+    Py_INCREF(callable);
+    Py_XSETREF(nested_callable, callable);
+    hub().SetNestedConsumer(ConsumeNested);
   }
   Py_RETURN_NONE;
 }
@@ -359,6 +390,7 @@ PyMethodDef methods[] = {
     {"detach", Detach, METH_NOARGS, nullptr},
     {"set_restart_hook", SetRestartHook, METH_O, nullptr},
     {"wake_consumers", WakeConsumers, METH_NOARGS, nullptr},
+    {"set_nested_consumer", SetNestedConsumer, METH_O, nullptr},
     {"set_direct_runner", SetDirectRunner, METH_VARARGS, nullptr},
     {"set_interrupt_thread", SetInterruptThread, METH_VARARGS, nullptr},
     {"register_site", RegisterSite, METH_VARARGS, nullptr},
