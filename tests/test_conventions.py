@@ -38,7 +38,8 @@ def test_type_checkers_see_the_public_signatures(tmp_path):
   assert 'Revealed type is "def (logging_name: ' in revealed[2]
 
 
-def test_logs_the_transport_the_receiver_and_barriers(caplog, transport):
+def test_logs_the_transport_the_receiver_and_barriers(caplog, transport,
+                                                      outfeed_mode):
   hcb.stop_outfeed_receiver()
   settings._log_choice.cache_clear()  # logged once per choice and reason
   caplog.set_level(logging.DEBUG, logger="host_callback")

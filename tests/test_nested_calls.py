@@ -1,7 +1,8 @@
 """Host functions that run JAX code calling the host again (`hcb.call` or
 `hcb.id_tap` inside a tap function or a call's host function).
 
-Each test runs on both transports and in both modes; a nested call runs its
+Each test runs on both transports and in both modes (but the one about the
+outfeed mode's limit on native); a nested call runs its
 host function on the thread that runs the outer one, or is answered by the
 device's consumer, and never deadlocks.
 """
@@ -48,7 +49,8 @@ def test_call_inside_a_tap_function(on_a_consumer_thread):
   assert got == [[1., 11., 21.]]
 
 
-def test_native_request_from_a_receiver_thread_fails_at_once(transport):
+def test_native_request_from_a_receiver_thread_fails_at_once(transport,
+                                                             outfeed_mode):
   """The documented limit: on native, in the outfeed mode, a call from a tap
   function (run by the device's receiver thread) fails with the fix in its
   message, where it would wait for that tap function forever."""
