@@ -34,7 +34,8 @@ def compiles():
   jax.monitoring.unregister_event_duration_listener(listener)
 
 
-def test_eager_taps_and_calls_of_one_function_compile_once(compiles):
+def test_eager_taps_and_calls_of_one_function_compile_once(compiles,
+                                                           both_modes):
   rec = Recorder()
   x = jnp.float32(1.)
   host = lambda v: v + 1  # noqa: E731
@@ -61,7 +62,8 @@ class _Logger:
     self.seen.append(int(arg))
 
 
-def test_bound_methods_of_one_object_are_one_host_function(compiles):
+def test_bound_methods_of_one_object_are_one_host_function(compiles,
+                                                            both_modes):
   logger = _Logger()
   hcb.id_tap(logger.tap, 0)
   hcb.barrier_wait()

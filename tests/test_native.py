@@ -208,7 +208,8 @@ def test_compiled_computation_after_stop(transport, outfeed_mode):
   assert taps == [1.0, 2.0]
 
 
-def test_dispatch_returns_after_an_expensive_computation_ran(transport):
+def test_dispatch_returns_after_an_expensive_computation_ran(transport,
+                                                             both_modes):
   """As with JAX's own callbacks on CPU, a computation with callbacks has
   run when its dispatch returns (when its inputs are ready), however
   expensive, so that barrier_wait's markers come after it."""

@@ -17,7 +17,8 @@ import numpy as np
 import pytest
 
 import host_callback as hcb
-from helpers import OUTFEED, Recorder, run_python, wait_until
+from helpers import (OUTFEED, Recorder, needs_cpu_default_backend, run_python,
+                     wait_until)
 
 in_outfeed_mode = pytest.mark.usefixtures("outfeed_mode")
 
@@ -336,6 +337,7 @@ def test_tiny_taps_fill_the_bound_and_the_device_waits(transport, value,
                                                        smallest_queue):
   """Each packet counts its overhead, not just its data: taps that carry
   (almost) no data fill the bound, and the device waits for room."""
+  needs_cpu_default_backend("reads the CPU transport's queue of device 0")
   steps = smallest_queue // 64 + 10_000  # more than fit at 64 bytes each
   release = threading.Event()
   received = []
