@@ -9,7 +9,14 @@ import numpy as np
 import pytest
 
 import host_callback as hcb
-from helpers import Recorder, run_python
+from helpers import (Recorder, cpu_devices, needs_cpu_default_backend,
+                     run_python)
+
+
+@pytest.fixture(autouse=True)
+def _cpu_default_backend():
+  # The tests jit on the default backend, and set the mode themselves.
+  needs_cpu_default_backend("the synchronous mode exists on CPU only")
 
 
 def _slow_append(log):
@@ -119,11 +126,12 @@ def test_mode_switch_takes_effect_at_the_next_compilation():
 def test_synchronous_mode_keeps_device_index_and_pmap_devices():
   jax.config.update("jax_host_callback_outfeed", False)
   recorder = Recorder()
-  out = jax.pmap(lambda x: hcb.id_tap(recorder, x * 2, tap_with_device=True))(
-      jnp.arange(4))
+  devices = cpu_devices(4)
+  out = jax.pmap(lambda x: hcb.id_tap(recorder, x * 2, tap_with_device=True),
+                 devices=devices)(jnp.arange(4))
   assert [int(v) for v in out] == [0, 2, 4, 6]
   assert sorted((d.id, int(a)) for a, _, d in recorder.calls) == [
-      (d.id, 2 * i) for i, d in enumerate(jax.devices()[:4])]
+      (d.id, 2 * i) for i, d in enumerate(devices)]
 
 
 @pytest.mark.parametrize("outfeed", [False, True])

@@ -1,7 +1,8 @@
 """Host functions that run JAX code calling the host again (`hcb.call` or
 `hcb.id_tap` inside a tap function or a call's host function).
 
-Each test runs on both transports and in both modes; a nested call runs its
+Each test runs on both transports and in both modes (but the one about the
+outfeed mode's limit on native); a nested call runs its
 host function on the thread that runs the outer one, or is answered by the
 device's consumer, and never deadlocks.
 """
@@ -20,8 +21,9 @@ pytestmark = pytest.mark.timeout(60, method="thread")
 
 @pytest.fixture
 def on_a_consumer_thread(transport, both_modes):
-  """The outer host function runs on the device's consumer thread (an
-  asynchronous tap, or a call queued behind one) in the outfeed mode."""
+  """Runs the test in both modes: in the outfeed mode the outer host
+  function runs on the device's consumer thread (an asynchronous tap, or a
+  call queued behind one)."""
   del transport, both_modes  # set first
 
 
@@ -44,11 +46,11 @@ def test_call_inside_a_tap_function(on_a_consumer_thread):
   assert got == [[1., 11., 21.]]
 
 
-def test_call_from_a_tap_function_keeps_the_devices_order(transport):
+def test_call_from_a_tap_function_keeps_the_devices_order(transport,
+                                                          outfeed_mode):
   """In the outfeed mode a tap function runs on the device's receiver
   thread; a call its JAX code makes of the same device is served by that
   thread (on native too), after the taps the device sent before it."""
-  jax.config.update("jax_host_callback_outfeed", True)
   log = []
 
   def tap(x, transforms):
