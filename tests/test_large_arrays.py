@@ -18,12 +18,8 @@ import numpy as np
 import pytest
 
 import host_callback as hcb
-<<<<<<< HEAD
 from host_callback.receiver import native_library, native_memory
-=======
-from host_callback.receiver import transport_native
 from helpers import needs_cpu_default_backend
->>>>>>> tests-default-mode
 
 # f32[128, 1024]: 512 KiB, a large packet on the native transport.
 LARGE = (128, 1024)
