@@ -180,7 +180,7 @@ def _argument_builder(treedef: Any) -> Callable[[Sequence[np.ndarray]], Any]:
 
 
 def make_consumer(function: HostFunction, transforms: Transforms,
-                  device_by_id: Callable[[int], Any]
+                  device_by_number: Callable[[int], Any]
                   ) -> Callable[[Sequence[np.ndarray], int],
                                 Optional[Sequence[np.ndarray]]]:
   """The receiver-side consumer for one (host function, transforms) pair.
@@ -197,7 +197,8 @@ def make_consumer(function: HostFunction, transforms: Transforms,
     kwargs = devices.get(device_id)
     if kwargs is None:
       kwargs = devices[device_id] = (
-          {"device": device_by_id(device_id)} if function.with_device else {})
+          {"device": device_by_number(device_id)}
+          if function.with_device else {})
     return kwargs
 
   if not function.is_call:

@@ -25,6 +25,7 @@ import numpy as np
 from . import _jax_adapter as adapter
 from . import lowering_native, lowering_python, primitive, runtime, settings
 from ._jax_adapter import mlir
+from .devices import device_number
 from .host_functions import HostFunction, Transforms
 from .lowering_kinds import Kind
 
@@ -103,7 +104,7 @@ def _open_devices(producer: Any, devices: Sequence[Any]) -> None:
   process = jax.process_index()
   for device in devices:
     if device.process_index == process:
-      producer.open_device(device.id)
+      producer.open_device(device_number(device))
 
 
 def _lower_gathered(ctx: Any, *operands: Any, devices: Sequence[Any],

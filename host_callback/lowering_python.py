@@ -11,6 +11,7 @@ import numpy as np
 from . import _jax_adapter as adapter
 from . import executions, runtime
 from ._jax_adapter import hlo
+from .devices import device_number, numbers
 from .lowering_kinds import Kind
 
 
@@ -22,11 +23,11 @@ def _device_id_source(place: adapter.ExecutionPlace
   partition id, which indexes the mesh's devices.
   """
   if place.fixed_device is not None:
-    device_id = place.fixed_device.id
+    device_id = device_number(place.fixed_device)
     return [], [], lambda arrays: (device_id, arrays)
   aval = jax.core.ShapedArray((), np.uint32)
   partition_id = hlo.partition_id()
-  device_ids = np.array([d.id for d in place.mesh_devices])
+  device_ids = np.array(numbers(place.mesh_devices))
   return ([partition_id], [aval],
           lambda arrays: (int(device_ids[int(arrays[0])]), arrays[1:]))
 

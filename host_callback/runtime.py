@@ -3,15 +3,14 @@
 from __future__ import annotations
 
 import dataclasses
-import functools
 import threading
 import weakref
 from typing import Any, Dict, List, Sequence, Set, Tuple
 
-import jax
 import numpy as np
 
 from . import settings
+from .devices import device_by_number, device_number
 from .host_functions import CallError, HostFunction, Transforms, make_consumer
 from .receiver import PythonTransport, QueueStats, Runtime, Transport
 from .receiver import native_library, transport_native
@@ -32,16 +31,6 @@ def _make_transports() -> Dict[str, Transport]:
   if native_available():
     transports["native"] = transport_native.NativeTransport()
   return transports
-
-
-@functools.lru_cache(maxsize=None)
-def _devices_by_id() -> Dict[int, Any]:
-  return {device.id: device for device in jax.devices()}
-
-
-def device_by_id(device_id: int) -> Any:
-  """The jax.Device whose id is `device_id`."""
-  return _devices_by_id()[device_id]
 
 
 def transport(name: str) -> Transport:
@@ -95,7 +84,7 @@ def register(function: HostFunction, transforms: Transforms) -> int:
       # The consumer holds a copy: the receiver must not keep `function`
       # alive, or it would never be retired.
       consumer = make_consumer(dataclasses.replace(function), transforms,
-                               device_by_id)
+                               device_by_number)
       consumer_id = registrations.consumer_ids[transforms] = (
           _runtime.registry.add(consumer, context))
     return consumer_id
@@ -128,7 +117,7 @@ def run_inline(function: HostFunction, transforms: Transforms,
   """
   consumer = _runtime.registry.get(register(function, transforms))
   try:
-    return consumer(arrays, device.id)
+    return consumer(arrays, device_number(device))
   except CallError as error:
     if error.__cause__ is None:  # a result that does not match result_shape
       raise
@@ -150,7 +139,7 @@ def queue_statistics() -> Dict[Tuple[str, Any], QueueStats]:
   """Per-device queue statistics, once a receiver has run."""
   if _runtime.running_receiver() is None:
     return {}
-  return {(name, device_by_id(device_id)): queues.stats(device_id)
+  return {(name, device_by_number(device_id)): queues.stats(device_id)
           for name, queues in transports().items()
           for device_id in queues.device_ids()}
 
