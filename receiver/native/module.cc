@@ -145,28 +145,30 @@ PyObject* Attach(PyObject*, PyObject* args) {
 
 PyObject* Detach(PyObject*, PyObject*) { return PyBool_FromLong(hub().Detach()); }
 
-PyObject* SetRestartHook(PyObject*, PyObject* callable) {
+// Keeps `callable` in `*slot` and hands the hub `hook`, which calls it; or,
+// for None, hands the hub no hook and drops the callable.
+template <typename Hook>
+PyObject* SetPythonHook(PyObject* callable, PyObject** slot, Hook hook,
+                        void (hcb::Hub::*set)(Hook)) {
   if (callable == Py_None) {
-    hub().SetRestartHook(nullptr);
-    Py_CLEAR(restart_callable);
+    (hub().*set)(nullptr);
+    Py_CLEAR(*slot);
   } else {
     Py_INCREF(callable);
-    Py_XSETREF(restart_callable, callable);
-    hub().SetRestartHook(Restart);
+    Py_XSETREF(*slot, callable);
+    (hub().*set)(hook);
   }
   Py_RETURN_NONE;
 }
 
+PyObject* SetRestartHook(PyObject*, PyObject* callable) {
+  return SetPythonHook(callable, &restart_callable, Restart,
+                       &hcb::Hub::SetRestartHook);
+}
+
 PyObject* SetNestedConsumer(PyObject*, PyObject* callable) {
-  if (callable == Py_None) {
-    hub().SetNestedConsumer(nullptr);
-    Py_CLEAR(nested_callable);
-  } else {
-    Py_INCREF(callable);
-    Py_XSETREF(nested_callable, callable);
-    hub().SetNestedConsumer(ConsumeNested);
-  }
-  Py_RETURN_NONE;
+  return SetPythonHook(callable, &nested_callable, ConsumeNested,
+                       &hcb::Hub::SetNestedConsumer);
 }
 
 PyObject* WakeConsumers(PyObject*, PyObject*) {

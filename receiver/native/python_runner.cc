@@ -196,6 +196,9 @@ PyObject* Arguments(const Site& site, const DirectRequest& request,
     } else {
       array = NewArray(column, data, NPY_ARRAY_CARRAY_RO, nullptr);
       if (array != nullptr) {
+        // An empty buffer may have no data: NumPy then allocated, writable.
+        PyArray_CLEARFLAGS(reinterpret_cast<PyArrayObject*>(array),
+                           NPY_ARRAY_WRITEABLE);
         Py_INCREF(array);
         views->push_back(array);
       }
