@@ -8,6 +8,7 @@ and of stop run in the outfeed mode, the tests of order, errors and values in
 both modes.
 """
 
+import importlib.machinery
 import threading
 import time
 
@@ -66,6 +67,22 @@ def test_native_is_built_and_chosen_on_cpu(transport):
   assert native_library.available()
   jax.config.update("jax_host_callback_transport", "auto")
   assert settings.transport_name(runtime.native_available()) == "native"
+
+
+def test_native_is_a_python_extension_module():
+  """The native side is a CPython extension module (no ctypes binding):
+  its FFI handlers come as capsules, and it checks its ABI."""
+  if not native_library.available():
+    pytest.skip("the native transport is not built")
+  module = native_library.native
+  assert isinstance(module.__loader__, importlib.machinery.ExtensionFileLoader)
+  assert module.ABI_VERSION == native_library.ABI_VERSION
+  handlers = native_library.ffi_handlers()
+  assert sorted(handlers) == sorted([
+      native_library.OUTFEED_TARGET, native_library.CALL_TARGET,
+      native_library.TAP_SYNC_TARGET, native_library.BEGIN_TARGET,
+      native_library.END_TARGET])
+  assert all(type(h).__name__ == "PyCapsule" for h in handlers.values())
 
 
 def test_pmap_each_device_in_order(transport, both_modes):
