@@ -1,8 +1,10 @@
-"""Builds the native transport of host_callback (receiver/native/*.cc).
+"""Builds the native transport of host_callback (receiver/native/*.cc), a
+CPython extension module, `host_callback.receiver._native`.
 
 The metadata lives in setup.cfg. The extension is optional: without a C++17
-compiler, or without the XLA FFI headers that jaxlib ships, the install still
-succeeds with one warning, and host_callback uses its Python transport.
+compiler, or without the XLA FFI headers that jaxlib ships or NumPy's C
+headers, the install still succeeds with one warning, and host_callback uses
+its Python transport.
 """
 
 import importlib.util
@@ -34,6 +36,15 @@ def ffi_include_dir():
   return None
 
 
+def numpy_include_dir():
+  """NumPy's C headers (a build requirement in pyproject.toml), or None."""
+  try:
+    import numpy  # pylint: disable=import-outside-toplevel
+  except ImportError:
+    return None
+  return numpy.get_include()
+
+
 def warn(reason):
   """The single warning of a build without the native transport."""
   sys.stderr.write(f"WARNING: host_callback: {reason}; {FALLBACK}.\n")
@@ -47,25 +58,27 @@ class OptionalBuildExt(build_ext):
     if include is None:
       warn("jaxlib's XLA FFI headers were not found at build time")
       return
-    # A system include: keeps the headers' own warnings out of the build log.
-    ext.extra_compile_args += ["-isystem", include]
+    numpy_include = numpy_include_dir()
+    if numpy_include is None:
+      warn("NumPy's C headers were not found at build time")
+      return
+    # System includes: keep the headers' own warnings out of the build log.
+    ext.extra_compile_args += ["-isystem", include, "-isystem", numpy_include]
     try:
       super().build_extension(ext)
     except Exception as error:  # pylint: disable=broad-except
       # distutils' CompileError/LinkError, or OSError for a missing compiler.
       warn(f"the native transport could not be compiled ({error})")
 
-  def get_export_symbols(self, ext):
-    # A ctypes library, not a Python module: there is no PyInit_ symbol.
-    return []
-
 
 native = Extension(
     "host_callback.receiver._native",
     sources=[os.path.join(NATIVE_DIR, name)
-             for name in ("hub.cc", "ffi_handlers.cc", "c_api.cc")],
+             for name in ("hub.cc", "ffi_handlers.cc", "module.cc",
+                          "python_runner.cc", "py_memory.cc")],
     depends=[os.path.join(NATIVE_DIR, name)
-             for name in ("hub.h", "executions.h")],
+             for name in ("hub.h", "executions.h", "ffi_handlers.h",
+                          "python_runner.h", "py_memory.h")],
     language="c++",
     extra_compile_args=["-std=c++17", "-O2", "-g0", "-fvisibility=hidden"],
 )

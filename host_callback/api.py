@@ -91,6 +91,15 @@ def _check_signature(tap_func: Callable[..., Any],
         "`lambda arg, _: f(arg)`.") from None
 
 
+def _check_copy(copy: Any, api: str) -> bool:
+  """`copy` as a bool; anything but a bool is a mistake worth naming."""
+  if not isinstance(copy, (bool, np.bool_)):
+    raise TypeError(
+        f"host_callback.{api}: copy must be True or False, got "
+        f"{type(copy).__name__}: {copy!r}")
+  return bool(copy)
+
+
 def _is_numeric(dtype: Any) -> bool:
   """Numbers and bools (bfloat16 included); PRNG keys and float0 tangents
   pass through too."""
@@ -164,7 +173,7 @@ def _ignore_callback_flavor(kwargs: dict, api: str) -> None:
 
 def id_tap(tap_func: Callable[..., Any], arg: Any, *, result: Any = None,
            tap_with_device: bool = False, device_index: int = 0,
-           **kwargs: Any) -> Any:
+           copy: bool = True, **kwargs: Any) -> Any:
   """Host-side tap: calls `tap_func(arg, transforms)` on the host.
 
   Behaves as the identity on `arg`, or returns `result` when one is given
@@ -182,6 +191,11 @@ def id_tap(tap_func: Callable[..., Any], arg: Any, *, result: Any = None,
       tap.
     device_index: under a sharded `jit`, the position in the computation's
       device assignment of the device that taps the whole value.
+    copy: False to skip copying the tapped arrays where possible: the
+      function gets read-only arrays, views of the device's buffers in the
+      synchronous mode on CPU, valid only until it returns (keeping one fails
+      the computation; keep `np.array(a)` instead). An extension: the
+      original had no such keyword.
 
   Returns:
     `arg`, or `result` when given.
@@ -199,7 +213,8 @@ def id_tap(tap_func: Callable[..., Any], arg: Any, *, result: Any = None,
   arg_leaves, arg_treedef = _flatten_arg(arg, "id_tap")
   result_leaves, result_treedef = jax.tree_util.tree_flatten(result)
   function = interned(HostFunction(tap_func, arg_treedef,
-                                   with_device=tap_with_device, is_call=False))
+                                   with_device=tap_with_device, is_call=False,
+                                   copy=_check_copy(copy, "id_tap")))
   out = primitive.bind([*arg_leaves, *result_leaves], function=function,
                        num_args=len(arg_leaves), device_index=device_index)
   if result is None:
@@ -221,7 +236,8 @@ def _warn_of_traced_kwargs(kwargs: Dict[str, Any]) -> None:
 
 def id_print(arg: Any, *, result: Any = None, tap_with_device: bool = False,
              device_index: int = 0, output_stream: Optional[TextIO] = None,
-             threshold: Optional[int] = None, **kwargs: Any) -> Any:
+             threshold: Optional[int] = None, copy: bool = True,
+             **kwargs: Any) -> Any:
   """Like `id_tap`, with a tap function that prints `arg` on the host.
 
   Each print is a line `k1: v1 k2: v2 ...` (keys sorted) for `kwargs`,
@@ -237,6 +253,7 @@ def id_print(arg: Any, *, result: Any = None, tap_with_device: bool = False,
     output_stream: a text stream to write each line to, with its newline;
       `print` when None.
     threshold: passed to `numpy.array2string` (NumPy's default when None).
+    copy: see `id_tap` (the printer keeps nothing).
     kwargs: printed in the header line.
 
   Returns:
@@ -245,8 +262,9 @@ def id_print(arg: Any, *, result: Any = None, tap_with_device: bool = False,
   _ignore_callback_flavor(kwargs, "id_print")
   _warn_of_traced_kwargs(kwargs)
   printer = Printer(output_stream, threshold, kwargs)
+  _check_copy(copy, "id_print")
   return id_tap(printer, arg, result=result, tap_with_device=tap_with_device,
-                device_index=device_index)
+                device_index=device_index, copy=copy)
 
 
 def _warn_if_shape_like(result_shape: Any) -> None:
@@ -296,7 +314,7 @@ def _result_avals(result_shape: Any) -> tuple[Any, tuple]:
 
 def call(callback_func: Callable[..., Any], arg: Any, *,
          result_shape: Any = None, call_with_device: bool = False,
-         device_index: int = 0, **kwargs: Any) -> Any:
+         device_index: int = 0, copy: bool = True, **kwargs: Any) -> Any:
   """Calls `callback_func(arg)` on the host and returns its result.
 
   The device waits for the result. Calls run after the taps that precede them
@@ -317,6 +335,8 @@ def call(callback_func: Callable[..., Any], arg: Any, *,
     device_index: under a sharded `jit`, the position in the computation's
       device assignment of the device that makes the call with the whole
       value.
+    copy: False to get `arg` as read-only arrays that may view the device's
+      buffers, valid only until `callback_func` returns; see `id_tap`.
 
   Returns:
     The host result, as JAX arrays shaped like `result_shape`.
@@ -332,7 +352,8 @@ def call(callback_func: Callable[..., Any], arg: Any, *,
   function = interned(HostFunction(callback_func, arg_treedef,
                                    with_device=call_with_device, is_call=True,
                                    result_treedef=result_treedef,
-                                   result_avals=result_avals))
+                                   result_avals=result_avals,
+                                   copy=_check_copy(copy, "call")))
   out = primitive.bind(arg_leaves, function=function,
                        num_args=len(arg_leaves), device_index=device_index)
   return jax.tree_util.tree_unflatten(result_treedef, out)

@@ -31,6 +31,7 @@ import jax
 import numpy as np
 
 from . import executions, primitive, runtime, settings
+from .devices import device_number, local_devices_by_number
 from .host_functions import HostFunction
 from .receiver import in_consumer_thread
 
@@ -95,8 +96,8 @@ def _marker_tap(name: str, number: Any, transforms: Any, *, device: Any) -> None
   del transforms
   ran_here = getattr(_round, "ran_here", None)
   if ran_here is not None:
-    ran_here.add((name, device.id))
-  _markers.arrive((name, device.id), int(number))
+    ran_here.add((name, device_number(device)))
+  _markers.arrive((name, device_number(device)), int(number))
 
 
 @functools.lru_cache(maxsize=None)
@@ -209,7 +210,7 @@ def _marker_round() -> bool:
 
   Returns whether nothing but the markers began or arrived meanwhile.
   """
-  local = {device.id: device for device in jax.local_devices()}
+  local = local_devices_by_number()
   _round.ran_here = ran_here = set()
   targets: Dict[_Key, int] = {}
   sent_before: Dict[_Key, int] = {}

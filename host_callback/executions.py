@@ -23,7 +23,7 @@ from jax.extend.core import Primitive
 from . import _jax_adapter as adapter
 from . import lowering_native
 from ._jax_adapter import mlir
-from .receiver import transport_native
+from .receiver import native_library
 
 _EFFECT = adapter.host_callback_effect
 # The mesh axis of the shard_map that puts a mark on every device.
@@ -37,14 +37,14 @@ execution_mark_p.def_effectful_abstract_eval(lambda *, end: ([], {_EFFECT}))
 def counted(ctx: Any) -> bool:
   """Whether the computation being lowered counts its executions."""
   return (tuple(ctx.module_context.platforms) == ("cpu",) and
-          transport_native.available())
+          native_library.available())
 
 
 def _lower_mark_op(ctx: Any, *, end: bool) -> list:
   """The custom call `begin(token) -> token` or `end(token) -> token`."""
   lowering_native.register_targets()
-  target = (transport_native.END_TARGET if end
-            else transport_native.BEGIN_TARGET)
+  target = (native_library.END_TARGET if end
+            else native_library.BEGIN_TARGET)
   token_aval = adapter.abstract_token()
   op_ctx = ctx.replace(avals_in=[token_aval], avals_out=[token_aval])
   op = jax.ffi.build_ffi_lowering_function(target, has_side_effect=True)(
@@ -83,17 +83,17 @@ def counts() -> Tuple[int, int, int]:
   """Executions begun ever, in flight now, and the fewest in flight right
   after one ended since `reset_low_water` (huge when none ended); all 0
   without the native library."""
-  if not transport_native.available():
+  if not native_library.available():
     return 0, 0, 0
-  return transport_native.executions()
+  return native_library.executions()
 
 
 def reset_low_water() -> None:
-  if transport_native.available():
-    transport_native.reset_executions_low_water()
+  if native_library.available():
+    native_library.reset_executions_low_water()
 
 
 def failed(ctx: Any) -> Any:
   """What one of our Python callbacks in this computation calls when it
   raises, which stops the execution: counts it as ended, if counted."""
-  return transport_native.execution_failed if counted(ctx) else None
+  return native_library.execution_failed if counted(ctx) else None

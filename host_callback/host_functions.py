@@ -3,6 +3,8 @@
 from __future__ import annotations
 
 import dataclasses
+import functools
+import operator
 import threading
 import weakref
 from typing import Any, Callable, Dict, Hashable, List, Optional, Sequence, Tuple
@@ -20,7 +22,9 @@ class HostFunction:
   """A host function and how to call it; hashed by identity, so make equal
   ones one object with `interned`.
 
-  `result_treedef`/`result_avals` are set for `call` only.
+  `result_treedef`/`result_avals` are set for `call` only. `copy` False:
+  the function gets read-only arrays that may view the device's buffers
+  (`copy=False`).
   """
   func: Callable[..., Any]
   arg_treedef: Any
@@ -28,6 +32,7 @@ class HostFunction:
   is_call: bool
   result_treedef: Any = None
   result_avals: Tuple[jax.core.ShapedArray, ...] = ()
+  copy: bool = True
 
   @property
   def name(self) -> str:
@@ -36,7 +41,7 @@ class HostFunction:
   def _signature(self) -> Tuple[Hashable, ...]:
     """Everything but `func`, which equal host functions share too."""
     return (self.arg_treedef, self.with_device, self.is_call,
-            self.result_treedef, self.result_avals)
+            self.result_treedef, self.result_avals, self.copy)
 
 
 def _hash_of(func: Callable[..., Any]) -> int:
@@ -168,26 +173,55 @@ def _check_results(function: HostFunction, result: Any) -> Sequence[np.ndarray]:
   return arrays
 
 
+def _argument_builder(treedef: Any) -> Callable[[Sequence[np.ndarray]], Any]:
+  """How a consumer turns its arrays into the host function's `arg`: the
+  array itself for a single array (no tree to unflatten), else the tree."""
+  if treedef == _ONE_ARRAY:
+    return operator.itemgetter(0)
+  return functools.partial(jax.tree_util.tree_unflatten, treedef)
+
+
 def make_consumer(function: HostFunction, transforms: Transforms,
-                  device_by_id: Callable[[int], Any]
+                  device_by_number: Callable[[int], Any]
                   ) -> Callable[[Sequence[np.ndarray], int],
                                 Optional[Sequence[np.ndarray]]]:
-  """The receiver-side consumer for one (host function, transforms) pair."""
-  unpacked = unpack_transforms(transforms)
+  """The receiver-side consumer for one (host function, transforms) pair.
 
-  def consume(arrays: Sequence[np.ndarray], device_id: int
-              ) -> Optional[Sequence[np.ndarray]]:
-    arg = jax.tree_util.tree_unflatten(function.arg_treedef, list(arrays))
-    kwargs = {"device": device_by_id(device_id)} if function.with_device else {}
-    if not function.is_call:
-      function.func(arg, unpacked, **kwargs)
-      return None
+  What does not change between packets (the tree, the transforms, the
+  device objects) is prepared once, here.
+  """
+  func = function.func
+  argument = _argument_builder(function.arg_treedef)
+  unpacked = unpack_transforms(transforms)
+  devices: Dict[int, Dict[str, Any]] = {}
+
+  def device_kwargs(device_id: int) -> Dict[str, Any]:
+    kwargs = devices.get(device_id)
+    if kwargs is None:
+      kwargs = devices[device_id] = (
+          {"device": device_by_number(device_id)}
+          if function.with_device else {})
+    return kwargs
+
+  if not function.is_call:
+    if not function.with_device:
+      def tap(arrays: Sequence[np.ndarray], device_id: int) -> None:
+        del device_id
+        func(argument(arrays), unpacked)
+      return tap
+
+    def tap_with_device(arrays: Sequence[np.ndarray], device_id: int) -> None:
+      func(argument(arrays), unpacked, **device_kwargs(device_id))
+    return tap_with_device
+
+  def call(arrays: Sequence[np.ndarray], device_id: int
+           ) -> Sequence[np.ndarray]:
     try:
-      result = function.func(arg, **kwargs)
+      result = func(argument(arrays), **device_kwargs(device_id))
     except Exception as error:
       raise CallError(
           f"host_callback.call: {function.name} raised "
           f"{type(error).__name__}: {error}") from error
     return _check_results(function, result)
 
-  return consume
+  return call

@@ -9,8 +9,10 @@ chosen transport's `emit` (`lowering_native.emit` or `lowering_python.emit`).
 Both thread our ordering token (see `ordering`).
 
 In the synchronous mode (the CPU default, see `settings.outfeed_mode`) a tap
-is emitted as `Kind.TAP_SYNC`: a request that waits for its host function and
-returns the tap's operands, so its outputs come after the function ran.
+is emitted as `Kind.TAP_SYNC`: a request that waits for its host function.
+In both modes a tap's outputs are its operands, passed on untouched (as the
+original's custom call did: XLA copies nothing for it), and the ordering
+token keeps it in order with later taps and calls.
 """
 
 from __future__ import annotations
@@ -23,6 +25,7 @@ import numpy as np
 from . import _jax_adapter as adapter
 from . import lowering_native, lowering_python, primitive, runtime, settings
 from ._jax_adapter import mlir
+from .devices import device_number
 from .host_functions import HostFunction, Transforms
 from .lowering_kinds import Kind
 
@@ -75,8 +78,8 @@ def lower(ctx: Any, *operands: Any, function: HostFunction, num_args: int,
     results = _lower_gathered(ctx, *operands, devices=devices,
                               function=function,
                               num_args=num_args, device_index=device_index,
-                              transforms=transforms, synchronous=synchronous)
-    return results if function.is_call or synchronous else list(operands)
+                              transforms=transforms)
+    return results if function.is_call else list(operands)
 
   place = adapter.execution_place(ctx, device_index)
   producer = runtime.transport(name)
@@ -90,15 +93,10 @@ def lower(ctx: Any, *operands: Any, function: HostFunction, num_args: int,
   emit = _EMITTERS[name]
   if function.is_call:
     return emit(ctx, place, Kind.CALL, operands[:num_args], arg_avals,
-                num_args, result_avals, site)
-  if not synchronous:
-    emit(ctx, place, Kind.TAP, operands[:num_args], arg_avals, num_args, [],
-         site)
-    return list(operands)
-  # The op returns every operand, so that the tap's outputs come after it.
-  operand_avals = [adapter.physical_aval(a) for a in ctx.avals_in]
-  return emit(ctx, place, Kind.TAP_SYNC, operands, operand_avals, num_args,
-              operand_avals, site)
+                result_avals, site)
+  kind = Kind.TAP_SYNC if synchronous else Kind.TAP
+  emit(ctx, place, kind, operands[:num_args], arg_avals, [], site)
+  return list(operands)
 
 
 def _open_devices(producer: Any, devices: Sequence[Any]) -> None:
@@ -106,18 +104,17 @@ def _open_devices(producer: Any, devices: Sequence[Any]) -> None:
   process = jax.process_index()
   for device in devices:
     if device.process_index == process:
-      runtime.open_device(producer, device.id)
+      runtime.open_device(producer, device_number(device))
 
 
 def _lower_gathered(ctx: Any, *operands: Any, devices: Sequence[Any],
                     function: HostFunction, num_args: int, device_index: int,
-                    transforms: Transforms, synchronous: bool) -> List[Any]:
+                    transforms: Transforms) -> List[Any]:
   """Sharded jit: the op inside a shard_map, sending from one device only.
 
   Every device gets the whole value, only the device at `device_index`
   sends it (and, for a call, gets the result, which it then shares with the
-  others). A synchronous tap returns its operands from the shard_map, so
-  that its outputs come after it.
+  others).
   """
   mesh = jax.sharding.Mesh(np.array(devices), (_AXIS,))
   result_avals = function.result_avals if function.is_call else ()
@@ -136,7 +133,7 @@ def _lower_gathered(ctx: Any, *operands: Any, devices: Sequence[Any],
     results = jax.lax.cond(chosen, send, skip, list(values))
     if function.is_call:
       return [jax.lax.all_gather(r, _AXIS)[device_index] for r in results]
-    return results if synchronous else []
+    return []
 
   gathered = jax.shard_map(
       per_device, mesh=mesh,
@@ -145,8 +142,7 @@ def _lower_gathered(ctx: Any, *operands: Any, devices: Sequence[Any],
   # Our mesh replaces the user's: drop the avals' shardings.
   unsharded = [jax.core.ShapedArray(a.shape, a.dtype, weak_type=a.weak_type)
                for a in ctx.avals_in]
-  out_avals = (list(result_avals) if function.is_call
-               else unsharded if synchronous else [])
+  out_avals = list(result_avals) if function.is_call else []
   arg_ctx = ctx.replace(avals_in=unsharded, avals_out=out_avals)
   # Under the user's `jax.set_mesh`, shard_map requires its mesh to be the
   # context's: make ours the context while it is traced.

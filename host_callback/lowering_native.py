@@ -1,8 +1,8 @@
 """Emits a tap or a call for the native transport: an XLA FFI custom call.
 
 A tap becomes `host_callback_outfeed(token, *args) -> token`, a synchronous
-tap `host_callback_tap_sync(token, *operands) -> (token, *operands)` (aliased),
-a `call` `host_callback_call(token, *args) -> (token, *results)`; the token is
+tap `host_callback_tap_sync(token, *args) -> token`, a `call`
+`host_callback_call(token, *args) -> (token, *results)`; the token is
 our ordering token, so XLA keeps them in program order on each device. The
 handlers read the executing device from the FFI device ordinal, which on CPU
 is the `jax.Device.id` of the device.
@@ -18,29 +18,26 @@ import numpy as np
 
 from . import _jax_adapter as adapter
 from .lowering_kinds import Kind
-from .receiver import transport_native
+from .receiver import native_library
 
 
 @functools.lru_cache(maxsize=None)
 def register_targets() -> None:
   """Registers the FFI handlers with XLA for CPU, once per process."""
-  for name, handler in transport_native.ffi_handlers().items():
-    jax.ffi.register_ffi_target(name, jax.ffi.pycapsule(handler),
-                                platform="cpu")
+  for name, handler in native_library.ffi_handlers().items():
+    jax.ffi.register_ffi_target(name, handler, platform="cpu")
 
 
-_TARGETS = {Kind.TAP: transport_native.OUTFEED_TARGET,
-            Kind.TAP_SYNC: transport_native.TAP_SYNC_TARGET,
-            Kind.CALL: transport_native.CALL_TARGET}
+_TARGETS = {Kind.TAP: native_library.OUTFEED_TARGET,
+            Kind.TAP_SYNC: native_library.TAP_SYNC_TARGET,
+            Kind.CALL: native_library.CALL_TARGET}
 
 
 def emit(ctx: Any, place: adapter.ExecutionPlace, kind: Kind,
-         operands: Sequence[Any], operand_avals: Sequence[Any], num_sent: int,
+         operands: Sequence[Any], operand_avals: Sequence[Any],
          result_avals: Sequence[Any], site: int) -> List[Any]:
-  """The custom call, on a fixed device or on each device of a shard_map.
-
-  It sends `operands[:num_sent]`; a TAP_SYNC's results alias its operands.
-  """
+  """The custom call that sends `operands`, on a fixed device or on each
+  device of a shard_map; returns a call's results."""
   register_targets()
   # As for JAX's own callbacks (and so the Python transport): a computation
   # that taps has run when its dispatch returns, so that barrier_wait's
@@ -49,16 +46,10 @@ def emit(ctx: Any, place: adapter.ExecutionPlace, kind: Kind,
   token_aval = adapter.abstract_token()
   op_ctx = ctx.replace(avals_in=[token_aval, *operand_avals],
                        avals_out=[token_aval, *result_avals])
-  attributes = {"site": np.int64(site)}
-  lowering_args = {}
-  if kind is Kind.TAP_SYNC:
-    attributes["num_sent"] = np.int64(num_sent)
-    lowering_args["operand_output_aliases"] = {
-        i: i for i in range(1, len(operands) + 1)}
   op = jax.ffi.build_ffi_lowering_function(
-      _TARGETS[kind], has_side_effect=True, **lowering_args)(
+      _TARGETS[kind], has_side_effect=True)(
           op_ctx, ctx.tokens_in.get(adapter.host_callback_effect), *operands,
-          **attributes)
+          site=np.int64(site))
   adapter.set_token_op_sharding(ctx, op, place, result_avals)
   token, *results = op.results
   adapter.thread_token(ctx, token)

@@ -11,6 +11,7 @@ import numpy as np
 from . import _jax_adapter as adapter
 from . import executions, runtime
 from ._jax_adapter import hlo
+from .devices import device_number, numbers
 from .lowering_kinds import Kind
 
 
@@ -22,11 +23,11 @@ def _device_id_source(place: adapter.ExecutionPlace
   partition id, which indexes the mesh's devices.
   """
   if place.fixed_device is not None:
-    device_id = place.fixed_device.id
+    device_id = device_number(place.fixed_device)
     return [], [], lambda arrays: (device_id, arrays)
   aval = jax.core.ShapedArray((), np.uint32)
   partition_id = hlo.partition_id()
-  device_ids = np.array([d.id for d in place.mesh_devices])
+  device_ids = np.array(numbers(place.mesh_devices))
   return ([partition_id], [aval],
           lambda arrays: (int(device_ids[int(arrays[0])]), arrays[1:]))
 
@@ -48,41 +49,30 @@ def _ending_execution_on_failure(host_side: Callable, on_failure: Any
 
 
 def emit(ctx: Any, place: adapter.ExecutionPlace, kind: Kind,
-         operands: Sequence[Any], operand_avals: Sequence[Any], num_sent: int,
+         operands: Sequence[Any], operand_avals: Sequence[Any],
          result_avals: Sequence[Any], site: int) -> List[Any]:
-  """A Python callback that sends `operands[:num_sent]` on the device; a
-  CALL returns the host's reply, a TAP_SYNC its operands once replied."""
+  """A Python callback that sends `operands` on the device; a CALL returns
+  the host's reply, a TAP_SYNC returns once the host function ran."""
   extra, extra_avals, decode = _device_id_source(place)
   transport = runtime.transport("python")
 
   if kind is Kind.TAP:
     def host_side(*arrays):
       device_id, values = decode(arrays)
-      transport.send(device_id, site, values[:num_sent])
+      transport.send(device_id, site, values)
       return ()
   elif kind is Kind.CALL:
     def host_side(*arrays):
       device_id, values = decode(arrays)
-      return tuple(transport.request(device_id, site, values[:num_sent]))
+      return tuple(transport.request(device_id, site, values))
   else:
-    # float0 values (no data) pass by, as JAX's callbacks cannot return them.
-    returned = [i for i, a in enumerate(operand_avals)
-                if a.dtype != jax.dtypes.float0]
-    result_avals = [operand_avals[i] for i in returned]
-
     def host_side(*arrays):
       device_id, values = decode(arrays)
-      transport.request(device_id, site, values[:num_sent])
-      return tuple(values[i] for i in returned)
+      transport.request(device_id, site, values)
+      return ()
 
   host_side = _ending_execution_on_failure(host_side, executions.failed(ctx))
   results = adapter.emit_python_callback(
       ctx, host_side, [*extra, *operands], [*extra_avals, *operand_avals],
       result_avals, adapter.op_sharding(ctx, place, result_avals))
-  results = adapter.replicate_results(ctx, results, result_avals)
-  if kind is not Kind.TAP_SYNC:
-    return results
-  outputs = list(operands)
-  for i, result in zip(returned, results):
-    outputs[i] = result
-  return outputs
+  return adapter.replicate_results(ctx, results, result_avals)

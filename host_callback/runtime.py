@@ -10,23 +10,19 @@ import weakref
 from typing import (Any, Callable, Dict, List, Optional, Sequence, Set, Tuple,
                     Union)
 
-import jax
 import numpy as np
 
 from . import settings
+from .devices import device_by_number, device_number
 from .host_functions import CallError, HostFunction, Transforms, make_consumer
 from .receiver import (Consumer, PythonTransport, QueueStats, Runtime,
                        Transport)
-
-try:
-  from .receiver import transport_native
-except ImportError:  # the native library is absent
-  transport_native = None
+from .receiver import native_library, transport_native
 
 
 def native_available() -> bool:
   """Whether the native transport was built and loads."""
-  return transport_native is not None and transport_native.available()
+  return native_library.available()
 
 
 def available_transports() -> List[str]:
@@ -39,16 +35,6 @@ def _make_transports() -> Dict[str, Transport]:
   if native_available():
     transports["native"] = transport_native.NativeTransport()
   return transports
-
-
-@functools.lru_cache(maxsize=None)
-def _devices_by_id() -> Dict[int, Any]:
-  return {device.id: device for device in jax.devices()}
-
-
-def device_by_id(device_id: int) -> Any:
-  """The jax.Device whose id is `device_id`."""
-  return _devices_by_id()[device_id]
 
 
 def transport(name: str) -> Transport:
@@ -118,7 +104,7 @@ def register(function: HostFunction, transforms: Transforms) -> int:
         # The consumer holds a copy: the receiver must not keep `function`
         # alive, or it would never be retired.
         consumer = make_consumer(dataclasses.replace(function), transforms,
-                                 device_by_id)
+                                 device_by_number)
       consumer_id = registrations.consumer_ids[transforms] = (
           _runtime.registry.add(consumer, context))
     return consumer_id
@@ -165,7 +151,7 @@ def is_eager_function(function: HostFunction) -> bool:
 def eager_ticket(function: HostFunction, transforms: Transforms) -> int:
   """A ticket for an eager op to run `function` under `transforms` with."""
   ticket = next(_ticket_numbers) & _TICKET_MASK
-  _tickets[ticket] = (make_consumer(function, transforms, device_by_id),
+  _tickets[ticket] = (make_consumer(function, transforms, device_by_number),
                       _context(function))
   return ticket
 
@@ -177,10 +163,11 @@ def run_eager(function: HostFunction, transforms: Transforms,
   and calls, whose arguments are ready. As a request run on the device
   thread: an error is recorded for barrier_wait and raised as the device's
   error."""
-  if not _runtime.idle(device.id):
+  number = device_number(device)
+  if not _runtime.idle(number):
     return NotImplemented  # the eager op queues behind those packets
-  return _runtime.run_here(make_consumer(function, transforms, device_by_id),
-                           _context(function), device.id, list(arrays))
+  consumer = make_consumer(function, transforms, device_by_number)
+  return _runtime.run_here(consumer, _context(function), number, list(arrays))
 
 
 def drop_ticket(ticket: int) -> None:
@@ -192,7 +179,10 @@ def register_site(producer: Transport, function: HostFunction,
                   transforms: Transforms, dtypes: Sequence[np.dtype],
                   shapes: Sequence[Tuple[int, ...]]) -> int:
   """A new site of `producer` for `function` under `transforms`."""
-  site = producer.register_site(register(function, transforms), dtypes, shapes)
+  site = producer.register_site(
+      register(function, transforms), dtypes, shapes, name=function.name,
+      copy=function.copy,
+      result_dtypes=[a.dtype for a in function.result_avals])
   with _registrations_lock:
     _registrations_of(function).sites.add((producer.name, site))
   return site
@@ -212,7 +202,7 @@ def run_inline(function: HostFunction, transforms: Transforms,
   """
   consumer = _runtime.registry.get(register(function, transforms))
   try:
-    return consumer(arrays, device.id)
+    return consumer(arrays, device_number(device))
   except CallError as error:
     if error.__cause__ is None:  # a result that does not match result_shape
       raise
@@ -234,7 +224,7 @@ def queue_statistics() -> Dict[Tuple[str, Any], QueueStats]:
   """Per-device queue statistics, once a receiver has run."""
   if _runtime.running_receiver() is None:
     return {}
-  return {(name, device_by_id(device_id)): queues.stats(device_id)
+  return {(name, device_by_number(device_id)): queues.stats(device_id)
           for name, queues in transports().items()
           for device_id in queues.device_ids()}
 

@@ -2,8 +2,9 @@
 
 from __future__ import annotations
 
+import collections
 import threading
-from typing import Dict, List, Mapping, Tuple
+from typing import Deque, Dict, List, Mapping, Tuple
 
 from .errors import ErrorLog
 from .packets import POLL_SECONDS, Packet
@@ -62,6 +63,10 @@ class Receiver:
     self._errors = errors
     self._lock = threading.Lock()
     self._threads: Dict[Tuple[str, int], threading.Thread] = {}
+    # Per queue, the packets its consumer thread took and has not begun to
+    # consume; only that thread touches its deque.
+    self._taken: Dict[Tuple[str, int], Deque[Packet]] = (
+        collections.defaultdict(collections.deque))
     self.transports = dict(transports)
     for transport in self.transports.values():
       transport.attach(max_bytes, lambda device_id, transport=transport:
@@ -87,15 +92,32 @@ class Receiver:
     while not lock.acquire(timeout=POLL_SECONDS):
       if self.is_stopped():
         return
+    taken = self._taken[(transport.name, device_id)]
     try:
       while not self.is_stopped():
-        for packet in transport.take_batch(device_id, POLL_SECONDS):
-          self._consume(packet)
-          transport.mark_finished(device_id, packet)
-        packet = None  # a large packet's memory returns to its pool now
+        taken.extend(transport.take_batch(device_id, POLL_SECONDS))
+        self._consume_taken(transport, device_id, taken)
       transport.release(device_id)
     finally:
       lock.release()
+
+  def _consume_taken(self, transport: Transport, device_id: int,
+                     taken: Deque[Packet]) -> None:
+    while taken:
+      packet = taken.popleft()
+      self._consume(packet)
+      transport.mark_finished(device_id, packet)
+      del packet  # a large packet's memory returns to its pool now
+
+  def consume_nested(self, transport: Transport, device_id: int) -> None:
+    """Called on a device's consumer thread, inside one of its host
+    functions, whose JAX code made a request of the same device: consumes
+    what the thread took and has not consumed yet, else the next batch, so
+    that the request is served in the device's order."""
+    taken = self._taken[(transport.name, device_id)]
+    if not taken:
+      taken.extend(transport.take_batch(device_id, POLL_SECONDS))
+    self._consume_taken(transport, device_id, taken)
 
   def _consume(self, packet: Packet) -> None:
     """Runs the packet's consumer and replies to a request. An error, also

@@ -95,6 +95,10 @@ class Runtime:
           transport.set_restart_hook(self.receiver)
           if hasattr(transport, "set_direct_runner"):
             transport.set_direct_runner(self.run_direct)
+          if hasattr(transport, "set_nested_consumer"):
+            transport.set_nested_consumer(
+                lambda device_id, transport=transport:
+                self.receiver().consume_nested(transport, device_id))
         self._transports = transports
       return self._transports
 

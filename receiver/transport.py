@@ -39,9 +39,13 @@ class Producer(Protocol):
     """Prepares the queue of a device that may send, before it sends."""
 
   def register_site(self, consumer_id: int, dtypes: Sequence[np.dtype],
-                    shapes: Sequence[Tuple[int, ...]]) -> int:
+                    shapes: Sequence[Tuple[int, ...]], *, name: str = "",
+                    copy: bool = True,
+                    result_dtypes: Sequence[np.dtype] = ()) -> int:
     """The id that a callback site's packets carry: its consumer and the
-    dtypes and shapes of its arrays."""
+    dtypes and shapes of its arrays. `name` is the host function's, `copy`
+    False gives it read-only arrays (views where the transport can), and
+    `result_dtypes` are a call's."""
 
   def unregister_site(self, site: int) -> None:
     """Frees a site that no executable uses any more; its id is not reused."""

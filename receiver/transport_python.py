@@ -13,10 +13,16 @@ from .queues import PacketQueue
 from .transport import QueueStats
 
 
-def _owned(arrays: Sequence[np.ndarray]) -> List[np.ndarray]:
+def _owned(arrays: Sequence[np.ndarray], read_only: bool
+           ) -> List[np.ndarray]:
   """Copies of the device's arrays, whose buffers may be reused once the
-  callback returns."""
-  return [np.array(a, copy=True) for a in arrays]
+  callback returns; read-only for a host function that asked for
+  copy=False."""
+  copies = [np.array(a, copy=True) for a in arrays]
+  if read_only:
+    for copy in copies:
+      copy.flags.writeable = False
+  return copies
 
 
 class PythonTransport:
@@ -36,8 +42,9 @@ class PythonTransport:
   def __init__(self) -> None:
     self._lock = threading.Lock()
     self._queues: Dict[int, PacketQueue] = {}
-    # The consumer id of each site; None once unregistered (ids not reused).
-    self._sites: List[Optional[int]] = []
+    # The consumer id of each site, and whether its arrays are read-only;
+    # None once unregistered (ids are not reused).
+    self._sites: List[Optional[Tuple[int, bool]]] = []
     self._listener: Optional[Callable[[int], None]] = None
     self._max_bytes = 0
     self._attached = False
@@ -50,20 +57,23 @@ class PythonTransport:
     self._queue(device_id)
 
   def register_site(self, consumer_id: int, dtypes: Sequence[np.dtype],
-                    shapes: Sequence[Tuple[int, ...]]) -> int:
-    del dtypes, shapes  # the arrays arrive with theirs
+                    shapes: Sequence[Tuple[int, ...]], *, name: str = "",
+                    copy: bool = True,
+                    result_dtypes: Sequence[np.dtype] = ()) -> int:
+    del dtypes, shapes, name, result_dtypes  # the arrays arrive with theirs
     with self._lock:
-      self._sites.append(consumer_id)
+      self._sites.append((consumer_id, not copy))
       return len(self._sites) - 1
 
   def unregister_site(self, site: int) -> None:
     with self._lock:
       self._sites[site] = None
 
-  def _consumer_of(self, site: int) -> int:
-    consumer_id = self._sites[site]
-    assert consumer_id is not None, "a device sent for an unregistered site"
-    return consumer_id
+  def _site(self, site: int) -> Tuple[int, bool]:
+    """The consumer id of a site, and whether its arrays are read-only."""
+    entry = self._sites[site]
+    assert entry is not None, "a device sent for an unregistered site"
+    return entry
 
   def send(self, device_id: int, site: int,
            arrays: Sequence[np.ndarray]) -> None:
@@ -102,7 +112,8 @@ class PythonTransport:
     """Runs a request's host function on this thread; raises what a device
     answered by the receiver would."""
     try:
-      result = run(self._consumer_of(site), device_id, _owned(arrays))
+      consumer_id, read_only = self._site(site)
+      result = run(consumer_id, device_id, _owned(arrays, read_only))
     except DirectRunError as failure:
       # Chained as a reply's error is (device_error sets any __cause__).
       raise device_error(failure.error, failure.context)  # pylint: disable=raise-missing-from
@@ -126,7 +137,8 @@ class PythonTransport:
   def _put(self, device_id: int, site: int, arrays: Sequence[np.ndarray],
            reply: Optional[Reply]) -> None:
     self._ensure_receiver()
-    packet = Packet(self._consumer_of(site), device_id, _owned(arrays), reply)
+    consumer_id, read_only = self._site(site)
+    packet = Packet(consumer_id, device_id, _owned(arrays, read_only), reply)
     self._queue(device_id).put(packet, self._ensure_receiver)
     # A receiver that detached while we put may have missed this packet.
     self._ensure_receiver()

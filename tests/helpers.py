@@ -14,10 +14,13 @@ from typing import Any, Callable, Dict, Iterator, List, Optional, Tuple
 
 import jax
 import numpy as np
+import pytest
 
 import host_callback as hcb
+from host_callback import settings
 
 SUBPROCESS_TIMEOUT = 120  # seconds; a hang fails the test instead of the run
+OUTFEED = {"JAX_HOST_CALLBACK_OUTFEED": "1"}  # run_python's env for that mode
 
 
 class Recorder:
@@ -84,8 +87,43 @@ def captured_stdout() -> Iterator[io.StringIO]:
     hcb.barrier_wait()
 
 
+def cpu_devices(n: int) -> List[Any]:
+  """The first `n` CPU devices (conftest.py asks XLA for 4), whatever the
+  default backend is; skips the test when there are fewer."""
+  devices = jax.devices("cpu")
+  if len(devices) < n:
+    pytest.skip(f"needs {n} CPU devices, has {len(devices)}")
+  return devices[:n]
+
+
+def needs_cpu_default_backend(why: str) -> None:
+  """Skips the test, saying `why`, unless JAX's default backend is CPU."""
+  if jax.default_backend() != "cpu":
+    pytest.skip(f"{why} (the default backend is {jax.default_backend()})")
+
+
+def synchronous() -> bool:
+  """Whether taps on the default backend run in the synchronous mode now
+  (conftest.py chooses the mode; there is one on CPU only)."""
+  return not settings.outfeed_mode(jax.default_backend())
+
+
+@contextlib.contextmanager
+def fails_when_synchronous(match: str = "") -> Iterator[None]:
+  """Around code whose tap function raises: in the synchronous mode the
+  computation that ran the tap fails (a JaxRuntimeError whose message matches
+  `match`); in the outfeed mode it completes, and only `barrier_wait` reports
+  the error. Either way the caller then checks `barrier_wait`."""
+  if synchronous():
+    with pytest.raises(jax.errors.JaxRuntimeError, match=match):
+      yield
+  else:
+    yield
+
+
 def device_str(index: int) -> str:
-  """How `id_print` shows the device `jax.devices()[index]`."""
+  """How `id_print` shows the device `jax.devices()[index]` (of the default
+  backend; `str(device)` for one of `cpu_devices`)."""
   return str(jax.devices()[index])
 
 
@@ -103,13 +141,16 @@ def run_python(code: str, env: Optional[Dict[str, Optional[str]]] = None,
                ) -> subprocess.CompletedProcess:
   """Runs `code` in a fresh interpreter; returns the finished process.
 
-  The child inherits XLA_FLAGS (4 CPU devices), uses `transport` and the
-  outfeed mode; `env` adds variables, or removes those it maps to None.
+  The child inherits XLA_FLAGS (4 CPU devices), runs on CPU only
+  (JAX_PLATFORMS=cpu), uses `transport` and the default (synchronous) mode;
+  `env` adds variables (`OUTFEED` for the outfeed mode), or removes those it
+  maps to None.
   """
   child_env = dict(os.environ)
   child_env.pop("JAX_HOST_CALLBACK_INLINE", None)
   child_env.pop("JAX_HOST_CALLBACK_MAX_QUEUE_BYTE_SIZE", None)
-  child_env["JAX_HOST_CALLBACK_OUTFEED"] = "1"  # as the tests' own default
+  child_env.pop("JAX_HOST_CALLBACK_OUTFEED", None)  # the default mode
+  child_env["JAX_PLATFORMS"] = "cpu"
   if transport is not None:
     child_env["JAX_HOST_CALLBACK_TRANSPORT"] = transport
   for name, value in (env or {}).items():

@@ -9,6 +9,7 @@ import os
 import sys
 
 os.environ["XLA_FLAGS"] = "--xla_force_host_platform_device_count=2"
+os.environ["JAX_PLATFORMS"] = "cpu"  # 2 CPU devices, whatever else there is
 
 import jax  # noqa: E402
 

@@ -1,7 +1,8 @@
-"""hcb.call: results sent back to the device, errors, transformations."""
+"""hcb.call: results sent back to the device, errors, transformations.
 
-import subprocess
-import sys
+Every test here runs in the outfeed and in the synchronous mode.
+"""
+
 import textwrap
 import time
 
@@ -11,6 +12,9 @@ import numpy as np
 import pytest
 
 import host_callback as hcb
+from helpers import OUTFEED, cpu_devices, run_python
+
+pytestmark = pytest.mark.usefixtures("both_modes")
 
 ALL_DTYPES = ["bool", "int8", "int16", "int32", "int64", "uint8", "uint16",
               "uint32", "uint64", "float16", "bfloat16", "float32", "float64",
@@ -72,7 +76,7 @@ def test_all_dtypes_round_trip_x32():
     np.testing.assert_array_equal(np.asarray(out), np.asarray(x))
 
 
-def test_all_dtypes_round_trip_x64():
+def test_all_dtypes_round_trip_x64(transport, both_modes):
   code = textwrap.dedent(f"""
       import jax, jax.numpy as jnp, numpy as np
       jax.config.update("jax_enable_x64", True)
@@ -89,8 +93,8 @@ def test_all_dtypes_round_trip_x64():
         np.testing.assert_array_equal(np.asarray(out), np.asarray(x))
       print("ok", len({ALL_DTYPES!r}))
       """)
-  done = subprocess.run([sys.executable, "-c", code], capture_output=True,
-                        text=True, timeout=120)
+  done = run_python(code, env=OUTFEED if both_modes == "outfeed" else None,
+                    transport=transport)
   assert done.stdout.strip() == f"ok {len(ALL_DTYPES)}", done.stderr
 
 
@@ -216,7 +220,7 @@ def test_jvp_is_not_implemented():
 
 
 def test_custom_vjp_with_jax_on_another_device_on_the_host():
-  other = jax.devices()[1]
+  other = cpu_devices(2)[1]
 
   def host_sin(x):
     return np.asarray(jnp.sin(jax.device_put(x, other)))
@@ -339,12 +343,12 @@ def test_eager_call():
 
 
 def test_pmap_call_each_device_gets_its_own_slice():
-  n = 4
+  devices = cpu_devices(4)
   out = jax.pmap(lambda x: hcb.call(
       lambda a, device: a * 10 + device.id, x, result_shape=x,
-      call_with_device=True))(jnp.arange(n))
-  np.testing.assert_array_equal(out, [i * 10 + jax.devices()[i].id
-                                      for i in range(n)])
+      call_with_device=True), devices=devices)(jnp.arange(4))
+  np.testing.assert_array_equal(out, [i * 10 + device.id
+                                      for i, device in enumerate(devices)])
 
 
 @pytest.mark.parametrize("shardy", [True, False])
@@ -357,7 +361,7 @@ def test_sharded_jit_call_gets_whole_array(shardy):
 
 
 def _check_sharded_jit_call():
-  mesh = jax.sharding.Mesh(np.array(jax.devices()[:2]), ("d",))
+  mesh = jax.sharding.Mesh(np.array(cpu_devices(2)), ("d",))
   sharding = jax.sharding.NamedSharding(mesh, jax.sharding.PartitionSpec("d"))
   seen = []
   f = jax.jit(lambda x: hcb.call(
@@ -366,7 +370,7 @@ def _check_sharded_jit_call():
       in_shardings=sharding)
   out = f(jnp.arange(8.).reshape(4, 2))
   np.testing.assert_array_equal(out, np.arange(8.).reshape(4, 2) * 2)
-  assert seen == [((4, 2), jax.devices()[1])]
+  assert seen == [((4, 2), cpu_devices(2)[1])]
 
 
 def test_dtype_class_as_result_shape_is_rejected_naming_result_shape():

@@ -1,14 +1,20 @@
-"""Several Python threads dispatching to different devices at once."""
+"""Several Python threads dispatching to different (CPU) devices at once.
+
+Every test here runs in the outfeed and in the synchronous mode.
+"""
 
 import threading
 
 import jax
 import jax.numpy as jnp
 import numpy as np
+import pytest
 
 import host_callback as hcb
 
-from helpers import Recorder
+from helpers import Recorder, cpu_devices
+
+pytestmark = pytest.mark.usefixtures("both_modes")
 
 CALLS_PER_THREAD = 20
 STEPS = 25
@@ -24,7 +30,7 @@ def test_threads_on_different_devices_lose_nothing_and_keep_order():
       return carry + 1, None
     return jax.lax.scan(body, start, None, length=STEPS)[0]
 
-  devices = jax.devices()[:4]
+  devices = cpu_devices(4)
   # Kept, so that the barrier covers the computations that make them even if
   # the CPU client runs one after the barrier's markers (its input transfer
   # still pending): see "barrier_wait" in the user guide.

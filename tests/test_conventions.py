@@ -13,6 +13,7 @@ import jax.numpy as jnp
 
 import host_callback as hcb
 from host_callback import settings
+from helpers import needs_cpu_default_backend
 
 ROOT = pathlib.Path(__file__).resolve().parent.parent
 
@@ -38,7 +39,9 @@ def test_type_checkers_see_the_public_signatures(tmp_path):
   assert 'Revealed type is "def (logging_name: ' in revealed[2]
 
 
-def test_logs_the_transport_the_receiver_and_barriers(caplog, transport):
+def test_logs_the_transport_the_receiver_and_barriers(caplog, transport,
+                                                      outfeed_mode):
+  needs_cpu_default_backend("checks the logs of the CPU transports")
   hcb.stop_outfeed_receiver()
   settings._log_choice.cache_clear()  # logged once per choice and reason
   caplog.set_level(logging.DEBUG, logger="host_callback")

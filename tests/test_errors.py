@@ -1,4 +1,9 @@
-"""Errors: exceptions in tap functions, barrier_wait's report, bad arguments."""
+"""Errors: exceptions in tap functions, barrier_wait's report, bad arguments.
+
+Every test here runs in the outfeed and in the synchronous mode. In the
+synchronous mode a tap function that raises also fails the computation that
+ran it (`fails_when_synchronous`); in both, `barrier_wait` reports it.
+"""
 
 import functools
 import io
@@ -13,7 +18,10 @@ import pytest
 from jax import lax
 
 import host_callback as hcb
-from helpers import Recorder, run_python
+from helpers import (OUTFEED, Recorder, cpu_devices, fails_when_synchronous,
+                     run_python, synchronous)
+
+pytestmark = pytest.mark.usefixtures("both_modes")
 
 
 def print_x(x):
@@ -39,10 +47,12 @@ def test_exception_in_tap_later_taps_delivered_and_barrier_raises():
     x = hcb.id_tap(raise_user_error, x + 1)
     return hcb.id_tap(rec, x + 1)
 
-  assert int(jax.jit(f)(1)) == 3
+  with fails_when_synchronous("user message 2"):
+    assert int(jax.jit(f)(1)) == 3
   with pytest.raises(hcb.CallbackException) as info:
     hcb.barrier_wait()
-  assert [int(v) for v in rec.args] == [1, 3]
+  # The synchronous mode stops the computation at the tap that raised.
+  assert [int(v) for v in rec.args] == ([1] if synchronous() else [1, 3])
   message = str(info.value)
   assert message.startswith(
       "There were exceptions during callback processing. Last one was: "
@@ -52,14 +62,16 @@ def test_exception_in_tap_later_taps_delivered_and_barrier_raises():
   assert isinstance(info.value.__cause__, UserError)
   assert str(info.value.__cause__) == "user message 2"
   # The later computations run normally, and the error is reported once.
-  assert int(jax.jit(f)(10)) == 12
+  with fails_when_synchronous("user message 11"):
+    assert int(jax.jit(f)(10)) == 12
   with pytest.raises(hcb.CallbackException):
     hcb.barrier_wait()
   hcb.barrier_wait()
 
 
 def test_second_barrier_does_not_raise_again():
-  jax.jit(lambda x: hcb.id_tap(raise_user_error, x))(1)
+  with fails_when_synchronous("user message 1"):
+    jax.jit(lambda x: hcb.id_tap(raise_user_error, x))(1)
   with pytest.raises(hcb.CallbackException):
     hcb.barrier_wait()
   hcb.barrier_wait()
@@ -69,7 +81,8 @@ def test_second_barrier_does_not_raise_again():
 def test_barrier_reports_the_last_exception():
   f = jax.jit(lambda x: hcb.id_tap(raise_user_error, x))
   for i in range(3):
-    f(i)
+    with fails_when_synchronous(f"user message {i}"):
+      f(i)
   with pytest.raises(hcb.CallbackException) as info:
     hcb.barrier_wait()
   assert str(info.value.__cause__) == "user message 2"
@@ -83,7 +96,8 @@ def test_exception_chains_the_original_object():
     raised.append(error)
     raise error
 
-  jax.jit(lambda x: hcb.id_tap(tap, x))(1.)
+  with fails_when_synchronous("the original"):
+    jax.jit(lambda x: hcb.id_tap(tap, x))(1.)
   with pytest.raises(hcb.CallbackException) as info:
     hcb.barrier_wait()
   assert info.value.__cause__ is raised[0]
@@ -92,7 +106,8 @@ def test_exception_chains_the_original_object():
 
 def test_exception_in_eager_tap():
   rec = Recorder()
-  hcb.id_tap(raise_user_error, jnp.int32(5))
+  with fails_when_synchronous("user message 5"):
+    hcb.id_tap(raise_user_error, jnp.int32(5))
   hcb.id_tap(rec, jnp.int32(6))
   with pytest.raises(hcb.CallbackException) as info:
     hcb.barrier_wait()
@@ -108,16 +123,20 @@ def test_exception_in_loop_does_not_stop_later_iterations():
     if int(arg) == 1:
       raise UserError("at 1")
 
-  jax.jit(lambda: lax.fori_loop(0, 4, lambda i, c: c + hcb.id_tap(tap, i),
-                                0))()
+  with fails_when_synchronous("at 1"):
+    jax.jit(lambda: lax.fori_loop(0, 4, lambda i, c: c + hcb.id_tap(tap, i),
+                                  0))()
   with pytest.raises(hcb.CallbackException):
     hcb.barrier_wait()
-  assert [int(v) for v in rec.args] == [0, 1, 2, 3]
+  # The synchronous mode stops the computation at the tap that raised.
+  assert [int(v) for v in rec.args] == ([0, 1] if synchronous() else
+                                        [0, 1, 2, 3])
 
 
 def test_exception_is_logged_with_traceback(caplog):
   with caplog.at_level(logging.ERROR):
-    jax.jit(lambda x: hcb.id_tap(raise_user_error, x))(7)
+    with fails_when_synchronous("user message 7"):
+      jax.jit(lambda x: hcb.id_tap(raise_user_error, x))(7)
     with pytest.raises(hcb.CallbackException):
       hcb.barrier_wait()
   text = "\n".join(record.getMessage() for record in caplog.records)
@@ -138,7 +157,8 @@ def test_public_names():
 def test_tap_function_exception_alias():
   assert hcb.TapFunctionException is hcb.CallbackException
   assert issubclass(hcb.CallbackException, Exception)
-  jax.jit(lambda x: hcb.id_tap(raise_user_error, x))(1)
+  with fails_when_synchronous("user message 1"):
+    jax.jit(lambda x: hcb.id_tap(raise_user_error, x))(1)
   with pytest.raises(hcb.TapFunctionException):
     hcb.barrier_wait()
 
@@ -154,14 +174,16 @@ def test_barrier_wait_inside_tap_raises_runtime_error():
       caught.append(error)
       raise
 
-  jax.jit(lambda x: hcb.id_tap(rec, hcb.id_tap(tap, x) + 1))(1.)
+  with fails_when_synchronous("barrier_wait"):
+    jax.jit(lambda x: hcb.id_tap(rec, hcb.id_tap(tap, x) + 1))(1.)
   with pytest.raises(hcb.CallbackException) as info:
     hcb.barrier_wait()
   assert len(caught) == 1
   assert "barrier_wait" in str(caught[0])
   assert "inside" in str(caught[0])
   assert info.value.__cause__ is caught[0]
-  assert [float(v) for v in rec.args] == [2.]  # the receiver kept going
+  # The receiver kept going; the synchronous mode stopped the computation.
+  assert [float(v) for v in rec.args] == ([] if synchronous() else [2.])
   hcb.barrier_wait()
 
 
@@ -175,7 +197,8 @@ def test_stop_outfeed_receiver_inside_tap_raises_runtime_error():
       caught.append(error)
       raise
 
-  jax.jit(lambda x: hcb.id_tap(tap, x))(1.)
+  with fails_when_synchronous("stop_outfeed_receiver"):
+    jax.jit(lambda x: hcb.id_tap(tap, x))(1.)
   with pytest.raises(hcb.CallbackException):
     hcb.barrier_wait()
   assert len(caught) == 1 and "stop_outfeed_receiver" in str(caught[0])
@@ -258,37 +281,41 @@ def test_tap_function_without_device_parameter_rejected_with_tap_with_device():
 
 
 def test_tap_function_whose_signature_is_unknown_is_reported_at_barrier_once(
-    transport):
+    transport, both_modes):
   """`vars` has no signature to inspect, and takes one argument: the
   TypeError reaches the barrier, and its traceback shows once in the
   barrier's exception (and once in the log, when it happened)."""
-  done = run_python("""
+  done = run_python(f"""
       import jax, host_callback as hcb
-      jax.config.update("jax_host_callback_outfeed", True)
-      jax.jit(lambda x: hcb.id_tap(vars, x))(1.)
+      try:
+        jax.jit(lambda x: hcb.id_tap(vars, x))(1.)
+      except jax.errors.JaxRuntimeError:  # the synchronous mode fails it
+        assert {both_modes == "synchronous"}
       hcb.barrier_wait()
-      """, transport=transport, timeout=60)
+      """, env=OUTFEED if both_modes == "outfeed" else None,
+      transport=transport, timeout=60)
   assert done.returncode != 0
   assert "CallbackException: There were exceptions" in done.stderr
-  assert done.stderr.count("function.func(arg, unpacked, **kwargs)") == 2, (
+  assert done.stderr.count("func(argument(arrays), unpacked)") == 2, (
       done.stderr)
 
 
 def test_errors_do_not_break_other_devices():
   rec = Recorder()
+  devices = cpu_devices(4)
 
   def tap(arg, transforms, *, device):
     rec(arg, transforms, device=device)
-    if device == jax.local_devices()[1]:
+    if device == devices[1]:
       raise UserError("device 1")
 
-  out = jax.pmap(lambda x: hcb.id_tap(tap, x, tap_with_device=True))(
-      jnp.arange(float(jax.local_device_count())))
+  with fails_when_synchronous("device 1"):
+    out = jax.pmap(lambda x: hcb.id_tap(tap, x, tap_with_device=True),
+                   devices=devices)(jnp.arange(4.))
+    np.testing.assert_array_equal(out, np.arange(4.))
   with pytest.raises(hcb.CallbackException):
     hcb.barrier_wait()
-  np.testing.assert_array_equal(out, np.arange(jax.local_device_count()))
-  assert sorted(float(v) for v in rec.args) == list(
-      range(jax.local_device_count()))
+  assert sorted(float(v) for v in rec.args) == [0., 1., 2., 3.]
 
 
 def test_traced_keyword_argument_of_id_print_warns_naming_it():

@@ -1,4 +1,8 @@
-"""Faults: failing consumers, re-entrant consumers, interrupts, stop, exit, fork."""
+"""Faults: failing consumers, re-entrant consumers, interrupts, stop, exit, fork.
+
+The faults of the receiver's consumers, its stop, exit and fork are tested in
+the outfeed mode; re-entrant host functions and failing calls in both modes.
+"""
 
 import os
 import threading
@@ -12,10 +16,10 @@ import pytest
 
 import host_callback as hcb
 
-from helpers import run_python
+from helpers import OUTFEED, run_python
 
 
-def test_consumer_raising_every_nth_tap():
+def test_consumer_raising_every_nth_tap(outfeed_mode):
   received = []
 
   def tap(x, transforms):
@@ -37,7 +41,7 @@ def test_consumer_raising_every_nth_tap():
   hcb.barrier_wait()  # raised once
 
 
-def test_consumer_calling_barrier_wait_gets_a_clear_error():
+def test_consumer_calling_barrier_wait_gets_a_clear_error(both_modes):
   errors = []
 
   def tap(x, transforms):
@@ -51,7 +55,7 @@ def test_consumer_calling_barrier_wait_gets_a_clear_error():
   assert len(errors) == 1 and "from inside a host callback" in errors[0]
 
 
-def test_consumer_using_id_tap_and_jax():
+def test_consumer_using_id_tap_and_jax(both_modes):
   inner = []
 
   def tap(x, transforms):
@@ -64,7 +68,8 @@ def test_consumer_using_id_tap_and_jax():
   assert inner == [6.0]
 
 
-def test_keyboard_interrupt_during_barrier_wait_leaves_runtime_usable():
+def test_keyboard_interrupt_during_barrier_wait_leaves_runtime_usable(
+    outfeed_mode):
   started = threading.Event()
 
   def slow(x, transforms):
@@ -82,7 +87,7 @@ def test_keyboard_interrupt_during_barrier_wait_leaves_runtime_usable():
   assert received == [2.0]
 
 
-def test_call_error_in_the_middle_of_a_long_scan_fails_fast():
+def test_call_error_in_the_middle_of_a_long_scan_fails_fast(both_modes):
   def host(x):
     if int(x) == 500:
       raise ValueError("step 500")
@@ -123,7 +128,7 @@ def test_stop_while_devices_wait_on_a_full_queue(transport):
       print("received", received == list(range(40)))
       print("after restart", int(jax.jit(lambda x: hcb.call(
           lambda a: a + 1, x, result_shape=x))(1)))
-      """, env={"JAX_HOST_CALLBACK_MAX_QUEUE_BYTE_SIZE": "16000000"},
+      """, env={**OUTFEED, "JAX_HOST_CALLBACK_MAX_QUEUE_BYTE_SIZE": "16000000"},
       transport=transport)
   assert done.stdout.split("\n")[:2] == ["received True", "after restart 2"], done.stderr
 
@@ -142,7 +147,7 @@ def test_exit_with_many_taps_pending_delivers_all(transport):
           lambda c, _: (hcb.id_tap(tap, c) + 1, None), x, None,
           length=10_000)[0])(0)
       print("exiting", flush=True)
-      """, transport=transport)
+      """, env=OUTFEED, transport=transport)
   assert done.returncode == 0, done.stderr
   assert "exiting" in done.stdout, done.stdout
   assert "all 10000 delivered" in done.stdout, done.stdout
@@ -170,5 +175,5 @@ def test_fork_after_receiver_started_fails_clearly_in_child(transport):
       jax.jit(lambda x: hcb.id_tap(lambda v, t: got.append(float(v)), x))(2.)
       hcb.barrier_wait()
       print("parent:", got)
-      """, transport=transport, timeout=60)
+      """, env=OUTFEED, transport=transport, timeout=60)
   assert done.stdout.split("\n")[:2] == ["child: True", "parent: [2.0]"], done.stderr

@@ -15,7 +15,7 @@ from jax import lax
 from jax.sharding import Mesh, NamedSharding, PartitionSpec as P
 
 import host_callback as hcb
-from helpers import captured_stdout, device_str, print_blocks
+from helpers import captured_stdout, cpu_devices, device_str, print_blocks
 
 # Every test here runs in the outfeed and in the synchronous mode.
 pytestmark = pytest.mark.usefixtures("both_modes")
@@ -128,12 +128,13 @@ def test_id_print_golden(case, run, expected):
 
 def test_id_print_golden_pmap_all_devices():
   """One print per device; the order across devices is free."""
-  ndev = jax.local_device_count()
+  devices = cpu_devices(4)
   with captured_stdout() as out:
     jax.block_until_ready(jax.pmap(
-        lambda x: hcb.id_print(x, what="p", tap_with_device=True))(
-            jnp.arange(float(ndev))))
-  expected = [f"device: {device_str(i)} what: p\n{i}.\n" for i in range(ndev)]
+        lambda x: hcb.id_print(x, what="p", tap_with_device=True),
+        devices=devices)(jnp.arange(4.)))
+  expected = [f"device: {device} what: p\n{i}.\n"
+              for i, device in enumerate(devices)]
   assert sorted(print_blocks(out.getvalue(), 2)) == sorted(expected)
 
 
@@ -259,13 +260,14 @@ def test_control_flow_golden_pmap_of_vmap():
   m = jnp.arange(2.)[:, None] * 10 + jnp.arange(3.)[None, :]  # M[i,j]=10i+j
   f = jax.pmap(jax.vmap(lambda x: hcb.id_print(
       x * 2, what="x * 2", tap_with_device=True, output_stream=stream)),
-               devices=jax.local_devices()[:2])
+               devices=cpu_devices(2))
   np.testing.assert_array_equal(f(m), m * 2)
   hcb.barrier_wait()
   t = "transforms: [('batch', {'batch_dims': (0,)})] what: x * 2"
+  d0, d1 = cpu_devices(2)
   assert sorted(print_blocks(stream.getvalue(), 2)) == [
-      f"device: {device_str(0)} {t}\n[0. 2. 4.]\n",
-      f"device: {device_str(1)} {t}\n[20. 22. 24.]\n"]
+      f"device: {d0} {t}\n[0. 2. 4.]\n",
+      f"device: {d1} {t}\n[20. 22. 24.]\n"]
 
 
 def test_control_flow_golden_pmap_of_call_with_device():
@@ -277,12 +279,13 @@ def test_control_flow_golden_pmap_of_call_with_device():
 
   f = jax.pmap(lambda x: hcb.call(host, x * 2, result_shape=x,
                                   call_with_device=True),
-               devices=jax.local_devices()[:2])
+               devices=cpu_devices(2))
   res = f(jnp.arange(2, dtype=i32))
   hcb.barrier_wait()
+  d0, d1 = cpu_devices(2)
   assert sorted(print_blocks(stream.getvalue(), 2)) == [
-      f"device: {device_str(0)}\n Called with 0\n",
-      f"device: {device_str(1)}\n Called with 2\n"]
+      f"device: {d0}\n Called with 0\n",
+      f"device: {d1}\n Called with 2\n"]
   stream.write(f"result: {res}\n")
   assert stream.getvalue().endswith("result: [0 6]\n")
 
@@ -325,7 +328,7 @@ def test_control_flow_golden_tap_none_with_result():
 
 def test_control_flow_golden_sharded_jit():
   stream = io.StringIO()
-  mesh = Mesh(np.array(jax.devices()[:2]), ("d",))
+  mesh = Mesh(np.array(cpu_devices(2)), ("d",))
   x = jnp.array([[0, 1, 2], [10, 11, 12]], i32)
 
   def func(x):
@@ -336,5 +339,5 @@ def test_control_flow_golden_sharded_jit():
   out = jax.jit(func, in_shardings=NamedSharding(mesh, P("d")))(x)
   hcb.barrier_wait()
   np.testing.assert_array_equal(out, [[3] * 4, [33] * 4])
-  assert stream.getvalue() == (f"device: {device_str(0)} what: z\n"
+  assert stream.getvalue() == (f"device: {cpu_devices(1)[0]} what: z\n"
                                "[[ 3  3  3  3]\n [33 33 33 33]]\n")

@@ -2,10 +2,11 @@
 comes back, and a 1 GiB tap and call are correct.
 
 On the native transport a large packet (at least
-`transport_native.LARGE_PACKET_BYTES`) lies in a block of its own that the
+`native_memory.LARGE_PACKET_BYTES`) lies in a block of its own that the
 host function's arrays view, and goes back to a pool once they are gone;
 these tests check the promises that makes, on both transports (conftest.py)
-and, where the path differs, in both modes.
+and, where the path differs, in both modes; those about the queue bound in
+the outfeed mode.
 """
 
 import os
@@ -17,11 +18,12 @@ import numpy as np
 import pytest
 
 import host_callback as hcb
-from host_callback.receiver import transport_native
+from host_callback.receiver import native_library, native_memory
+from helpers import needs_cpu_default_backend
 
 # f32[128, 1024]: 512 KiB, a large packet on the native transport.
 LARGE = (128, 1024)
-assert 4 * LARGE[0] * LARGE[1] >= transport_native.LARGE_PACKET_BYTES
+assert 4 * LARGE[0] * LARGE[1] >= native_memory.LARGE_PACKET_BYTES
 
 
 def _rss_bytes() -> int:
@@ -100,8 +102,9 @@ def test_host_function_that_modifies_its_argument(both_modes, shape):
   np.testing.assert_array_equal(seen[0], np.full(shape, -7, np.float32))
 
 
-def test_one_gib_tap_and_call_round_trip():
-  """Once per transport, in the default (outfeed) mode."""
+def test_one_gib_tap_and_call_round_trip(outfeed_mode):
+  """Once per transport, in the outfeed mode only (its cost): there the
+  tapped 1 GiB goes through a queue whose default bound is 256 MB."""
   count = 1 << 28  # uint32: 1 GiB
   checked = []
 
@@ -127,7 +130,7 @@ def test_one_gib_tap_and_call_round_trip():
   del x, y
 
 
-def test_byte_bound_holds_with_large_packets(smallest_queue):
+def test_byte_bound_holds_with_large_packets(outfeed_mode, smallest_queue):
   """High water stays at most the bound plus one packet, with 4 MiB packets
   and a slow host function, in the outfeed mode."""
   bound = smallest_queue
@@ -159,13 +162,11 @@ def test_byte_bound_holds_with_large_packets(smallest_queue):
   assert max(s.high_water_bytes for s in stats) < 40 * packet
 
 
-@pytest.mark.parametrize("mode", ["outfeed", "synchronous"])
-def test_memory_returns_when_arrays_are_dropped(mode, smallest_queue):
+def test_memory_returns_when_arrays_are_dropped(both_modes, smallest_queue):
   """The resident set stays flat over 1,000 taps of 4 MiB whose arrays the
   host function drops (4 GB flow through). With the smallest queue bound,
   the queue and the native pool of free blocks stay within about 100 MB
   together; memory that did not come back would grow by 4 GB."""
-  jax.config.update("jax_host_callback_outfeed", mode == "outfeed")
   total = []
 
   def consume(a, transforms):
@@ -195,6 +196,7 @@ def test_blocks_come_back_when_the_last_view_goes(transport, both_modes):
   view of one) that the host function got is alive, and only then."""
   if transport != "native":
     pytest.skip("the native transport's block pool")
+  needs_cpu_default_backend("the native CPU transport's block pool")
   kept = []
 
   def keep(a, transforms):
@@ -205,14 +207,14 @@ def test_blocks_come_back_when_the_last_view_goes(transport, both_modes):
   f(x)
   hcb.barrier_wait()
   kept.clear()
-  baseline = transport_native.pool_stats()["blocks_out"]
+  baseline = native_library.pool_stats()["blocks_out"]
   for i in range(5):
     f(x + i)
   hcb.barrier_wait()
   # the receiver's loop may hold its last packet until the next one
-  assert baseline + 4 <= transport_native.pool_stats()["blocks_out"]
+  assert baseline + 4 <= native_library.pool_stats()["blocks_out"]
   np.testing.assert_array_equal(
       np.stack(kept), np.stack([np.full((2, LARGE[1]), 1 + i, np.float32)
                                 for i in range(5)]))
   kept.clear()
-  assert transport_native.pool_stats()["blocks_out"] <= baseline + 1
+  assert native_library.pool_stats()["blocks_out"] <= baseline + 1

@@ -36,7 +36,8 @@ def compiles():
   jax.monitoring.unregister_event_duration_listener(listener)
 
 
-def test_eager_taps_and_calls_of_one_function_compile_once(compiles):
+def test_eager_taps_and_calls_of_one_function_compile_once(compiles,
+                                                           both_modes):
   rec = Recorder()
   x = jnp.float32(1.)
   host = lambda v: v + 1  # noqa: E731
@@ -63,7 +64,8 @@ class _Logger:
     self.seen.append(int(arg))
 
 
-def test_bound_methods_of_one_object_are_one_host_function(compiles):
+def test_bound_methods_of_one_object_are_one_host_function(compiles,
+                                                            both_modes):
   logger = _Logger()
   hcb.id_tap(logger.tap, 0)
   hcb.barrier_wait()
@@ -89,7 +91,7 @@ class _Payload:
 
 
 @pytest.mark.parametrize("op", ["eager_tap", "jit_tap", "jit_call"])
-def test_dropped_host_functions_release_their_closures(op):
+def test_dropped_host_functions_release_their_closures(op, both_modes):
   payloads = [_Payload() for _ in range(5)]
   refs = [weakref.ref(p) for p in payloads]
   for payload in payloads:
@@ -108,7 +110,8 @@ def test_dropped_host_functions_release_their_closures(op):
   assert [r() for r in refs] == [None] * 5
 
 
-def test_taps_queued_before_their_function_is_dropped_are_delivered():
+def test_taps_queued_before_their_function_is_dropped_are_delivered(
+    outfeed_mode):
   """Dropping a jitted function (and JAX's caches) while its taps wait in
   the queue loses nothing."""
   started, release = threading.Event(), threading.Event()
@@ -120,7 +123,7 @@ def test_taps_queued_before_their_function_is_dropped_are_delivered():
     seen.append(int(arg))
 
   f = jax.jit(lambda v: hcb.id_tap(slow, v))
-  for i in range(5):  # the outfeed mode (conftest): taps wait in the queue
+  for i in range(5):  # the outfeed mode: the taps wait in the queue
     f(jnp.int32(i))
   started.wait(30)
   ref = weakref.ref(slow)

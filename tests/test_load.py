@@ -1,4 +1,7 @@
-"""Load and backpressure: every tap delivered exactly once, in order, bounded memory."""
+"""Load and backpressure: every tap delivered exactly once, in order, bounded memory.
+
+Every test here runs in the outfeed mode, whose queues take the load.
+"""
 
 import collections
 import json
@@ -9,10 +12,13 @@ import time
 import jax
 import jax.numpy as jnp
 import numpy as np
+import pytest
 
 import host_callback as hcb
 
-from helpers import Recorder, run_python
+from helpers import OUTFEED, Recorder, cpu_devices, run_python
+
+pytestmark = pytest.mark.usefixtures("outfeed_mode")
 
 
 def _scan_of_taps(tap, steps):
@@ -86,14 +92,14 @@ def test_four_devices_four_threads_for_a_bounded_time():
       sent[device.id] += calls * 100
 
   threads = [threading.Thread(target=dispatch, args=(device, 4 * d + t))
-             for d, device in enumerate(jax.devices()[:4]) for t in range(4)]
+             for d, device in enumerate(cpu_devices(4)) for t in range(4)]
   for thread in threads:
     thread.start()
   for thread in threads:
     thread.join()
   hcb.barrier_wait()
   received = tap.by_device()
-  for device in jax.devices()[:4]:
+  for device in cpu_devices(4):
     values = received[device.id]
     assert len(values) == sent[device.id]
     # Per thread (range of sequence numbers), the device kept the order.
@@ -150,7 +156,8 @@ def test_backpressure_bounds_queue_and_memory(transport):
                         "high_water": peaks["bytes"]}))
       """)
   done = run_python(
-      code, env={"JAX_HOST_CALLBACK_MAX_QUEUE_BYTE_SIZE": "16000000"},
+      code,
+      env={**OUTFEED, "JAX_HOST_CALLBACK_MAX_QUEUE_BYTE_SIZE": "16000000"},
       transport=transport, timeout=180)
   assert done.returncode == 0, done.stderr[-3000:]
   result = json.loads(done.stdout.strip().splitlines()[-1])

@@ -1,4 +1,5 @@
-"""Two real processes with jax.distributed, 2 CPU devices each."""
+"""Two real processes with jax.distributed, 2 CPU devices each, in the
+outfeed mode (below)."""
 
 import json
 import os

@@ -1,10 +1,14 @@
 """The native transport: ordering, backpressure, stop, volume, sharded jit.
 
 conftest.py runs every test once per available transport; the tests that
-exercise the native queues themselves skip on the Python transport, the
-others (sharded jit, errors, dtypes) check that both transports agree.
+exercise the native queues themselves skip on the Python transport (and
+where the default backend is not CPU), the others (sharded jit, errors,
+dtypes) check that both transports agree. The tests of the queues, of volume
+and of stop run in the outfeed mode, the tests of order, errors and values in
+both modes.
 """
 
+import importlib.machinery
 import threading
 import time
 
@@ -16,14 +20,15 @@ from jax.sharding import NamedSharding, PartitionSpec as P
 
 import host_callback as hcb
 from host_callback import runtime, settings
-from host_callback.receiver import transport_native
-from helpers import wait_until
+from host_callback.receiver import native_library
+from helpers import cpu_devices, needs_cpu_default_backend, wait_until
 
 
 @pytest.fixture
 def native_only(transport):
   if transport != "native":
     pytest.skip("exercises the native transport's queues")
+  needs_cpu_default_backend("exercises the native CPU transport's queues")
 
 
 def _native_transport():
@@ -55,15 +60,32 @@ def _run_in_thread(computation):
 
 
 def test_native_is_built_and_chosen_on_cpu(transport):
+  needs_cpu_default_backend("checks the transport chosen on CPU")
   if transport == "python":
     assert settings.transport_name(False) == "python"
     return
-  assert transport_native.available()
+  assert native_library.available()
   jax.config.update("jax_host_callback_transport", "auto")
   assert settings.transport_name(runtime.native_available()) == "native"
 
 
-def test_pmap_each_device_in_order(transport):
+def test_native_is_a_python_extension_module():
+  """The native side is a CPython extension module (no ctypes binding):
+  its FFI handlers come as capsules, and it checks its ABI."""
+  if not native_library.available():
+    pytest.skip("the native transport is not built")
+  module = native_library.native
+  assert isinstance(module.__loader__, importlib.machinery.ExtensionFileLoader)
+  assert module.ABI_VERSION == native_library.ABI_VERSION
+  handlers = native_library.ffi_handlers()
+  assert sorted(handlers) == sorted([
+      native_library.OUTFEED_TARGET, native_library.CALL_TARGET,
+      native_library.TAP_SYNC_TARGET, native_library.BEGIN_TARGET,
+      native_library.END_TARGET])
+  assert all(type(h).__name__ == "PyCapsule" for h in handlers.values())
+
+
+def test_pmap_each_device_in_order(transport, both_modes):
   steps = 500
   seen = {}
 
@@ -76,18 +98,20 @@ def test_pmap_each_device_in_order(transport):
       return i + 1, None
     return jax.lax.scan(body, jnp.int32(0), None, length=steps)[0]
 
-  first = jax.pmap(per_device)(jnp.arange(4, dtype=jnp.int32))
-  second = jax.pmap(per_device)(jnp.arange(4, dtype=jnp.int32))
+  devices = cpu_devices(4)
+  x = jnp.arange(4, dtype=jnp.int32)
+  first = jax.pmap(per_device, devices=devices)(x)
+  second = jax.pmap(per_device, devices=devices)(x)
   # Kept: on CPU the barrier covers running computations through the arrays
   # the program holds (docs/user_guide.md, barrier_wait).
   jax.block_until_ready((first, second))
   hcb.barrier_wait()
-  assert sorted(seen) == [d.id for d in jax.devices()[:4]]
-  for position, device in enumerate(jax.devices()[:4]):
+  assert sorted(seen) == [d.id for d in devices]
+  for position, device in enumerate(devices):
     assert seen[device.id] == [(position, i) for i in range(steps)] * 2
 
 
-def test_hundred_thousand_taps_delivered(transport):
+def test_hundred_thousand_taps_delivered(transport, outfeed_mode):
   steps = 100_000
   received = []
 
@@ -107,7 +131,7 @@ def test_hundred_thousand_taps_delivered(transport):
   assert payloads.sum() == 3 * steps * (steps - 1) // 2
 
 
-def test_queue_bound_honoured(native_only, smallest_queue):
+def test_queue_bound_honoured(native_only, outfeed_mode, smallest_queue):
   bound = smallest_queue
   packet = 4 * 250_000  # one f32[250000] per tap
   worst = []
@@ -136,6 +160,7 @@ def test_queue_bound_honoured(native_only, smallest_queue):
 
 
 def test_stop_while_device_waits_for_room_loses_nothing(native_only,
+                                                       outfeed_mode,
                                                        smallest_queue):
   """Stop drains what was sent; the device, which waits for room meanwhile,
   goes on when the next receiver (started at once) consumes the rest."""
@@ -164,7 +189,8 @@ def test_stop_while_device_waits_for_room_loses_nothing(native_only,
   assert received == list(range(40))
 
 
-def test_stop_while_device_waits_for_call_result_loses_nothing(native_only):
+def test_stop_while_device_waits_for_call_result_loses_nothing(native_only,
+                                                              outfeed_mode):
   release = threading.Event()
   called = threading.Event()
 
@@ -185,7 +211,7 @@ def test_stop_while_device_waits_for_call_result_loses_nothing(native_only):
                                           result_shape=x))(1.0)) == 2.0
 
 
-def test_compiled_computation_after_stop(transport):
+def test_compiled_computation_after_stop(transport, outfeed_mode):
   """A cached executable run after stop_outfeed_receiver restarts it."""
   taps = []
   tap = jax.jit(lambda x: hcb.id_tap(lambda v, tr: taps.append(float(v)), x))
@@ -199,7 +225,8 @@ def test_compiled_computation_after_stop(transport):
   assert taps == [1.0, 2.0]
 
 
-def test_dispatch_returns_after_an_expensive_computation_ran(transport):
+def test_dispatch_returns_after_an_expensive_computation_ran(transport,
+                                                             both_modes):
   """As with JAX's own callbacks on CPU, a computation with callbacks has
   run when its dispatch returns (when its inputs are ready), however
   expensive, so that barrier_wait's markers come after it."""
@@ -218,7 +245,7 @@ def test_dispatch_returns_after_an_expensive_computation_ran(transport):
   assert ran == [1]
 
 
-def test_call_error_fails_computation_then_next_runs(transport):
+def test_call_error_fails_computation_then_next_runs(transport, both_modes):
   def bad(x):
     raise ValueError("boom")
 
@@ -231,7 +258,8 @@ def test_call_error_fails_computation_then_next_runs(transport):
                                           result_shape=x))(3.0)) == 6.0
 
 
-def test_failed_async_computation_does_not_fail_the_next(transport):
+def test_failed_async_computation_does_not_fail_the_next(transport,
+                                                         both_modes):
   """After a computation fails once dispatched, the next ones run normally.
 
   JAX hands each computation with ordered effects the previous one's output
@@ -258,7 +286,7 @@ def test_failed_async_computation_does_not_fail_the_next(transport):
 @pytest.mark.parametrize("dtype", [np.bool_, np.int8, np.uint16, np.int64,
                                    np.float16, jnp.bfloat16, np.float64,
                                    np.complex64])
-def test_dtypes_round_trip(transport, dtype):
+def test_dtypes_round_trip(transport, both_modes, dtype):
   x = (np.arange(6) % 3).astype(dtype).reshape(2, 3)
   taps = []
   # Globally: the receiver's threads canonicalize dtypes too.
@@ -276,7 +304,7 @@ def test_dtypes_round_trip(transport, dtype):
     np.testing.assert_array_equal(tap, x)
 
 
-def test_empty_and_missing_values(transport):
+def test_empty_and_missing_values(transport, both_modes):
   taps = []
   f = jax.jit(lambda x: (hcb.id_tap(lambda a, tr: taps.append(a), None),
                          hcb.call(lambda a: np.zeros((0, 2), np.float32), x,
@@ -287,7 +315,7 @@ def test_empty_and_missing_values(transport):
   assert taps == [None] and out.shape == (0, 2)
 
 
-def test_prng_keys_tapped_as_key_data(transport):
+def test_prng_keys_tapped_as_key_data(transport, both_modes):
   taps = []
   key = jax.random.key(3)
   jax.jit(lambda k: hcb.id_tap(lambda a, tr: taps.append(a), k))(key)
@@ -296,12 +324,13 @@ def test_prng_keys_tapped_as_key_data(transport):
 
 
 @pytest.mark.parametrize("shardy", [True, False])
-def test_sharded_jit(transport, shardy):
+def test_sharded_jit(transport, both_modes, shardy):
   previous = jax.config.jax_use_shardy_partitioner
   jax.config.update("jax_use_shardy_partitioner", shardy)
   try:
     mesh = jax.make_mesh((2, 2), ("a", "b"),
-                         axis_types=(jax.sharding.AxisType.Auto,) * 2)
+                         axis_types=(jax.sharding.AxisType.Auto,) * 2,
+                         devices=cpu_devices(4))
     x = jax.device_put(jnp.arange(16.0).reshape(4, 4),
                        NamedSharding(mesh, P("a", "b")))
     taps = []
@@ -326,8 +355,8 @@ def test_sharded_jit(transport, shardy):
   assert taps[0][1] == devices[1]
 
 
-def test_sharded_jit_taps_in_scan_keep_order(transport):
-  mesh = jax.make_mesh((4,), ("x",))
+def test_sharded_jit_taps_in_scan_keep_order(transport, both_modes):
+  mesh = jax.make_mesh((4,), ("x",), devices=cpu_devices(4))
   x = jax.device_put(jnp.arange(8.0), NamedSharding(mesh, P("x")))
   seen = []
 

@@ -1,8 +1,9 @@
 """The native boundary: Ctrl-C during a blocked wait, receive buffers that
 host functions keep, and callback sites that are freed.
 
-Each test runs on both transports (conftest.py); those about the native
-library itself skip on the Python transport.
+Each test runs on both transports (conftest.py), in the outfeed mode, whose
+packets and receive buffers these are; those about the native library itself
+skip on the Python transport and where the default backend is not CPU.
 """
 
 import logging
@@ -16,9 +17,9 @@ import pytest
 
 import host_callback as hcb
 from host_callback import runtime
-from host_callback.receiver import transport_native
+from host_callback.receiver import native_wire
 
-from helpers import run_python
+from helpers import OUTFEED, needs_cpu_default_backend, run_python
 
 _BLOCKED_CALL = """
 import os, signal, threading
@@ -80,7 +81,7 @@ def test_ctrl_c_interrupts_a_blocked_wait(transport):
   the user KeyboardInterrupt on native (the Python transport fails the
   computation with an error that names it), the process stays usable once
   the host function returns, and exits cleanly."""
-  process = run_python(_BLOCKED_CALL, transport=transport)
+  process = run_python(_BLOCKED_CALL, env=OUTFEED, transport=transport)
   assert process.returncode == 0, process.stderr
   lines = process.stdout.splitlines()
   if transport == "native":
@@ -98,7 +99,7 @@ def test_ctrl_c_interrupts_a_blocked_wait(transport):
   assert lines[4] == "done", process.stdout
 
 
-def test_kept_arrays_survive_later_packets(transport):
+def test_kept_arrays_survive_later_packets(transport, outfeed_mode):
   """A host function keeps the arrays of many packets; thousands of later
   packets reuse the receive buffers only once those arrays are gone."""
   steps = 5000
@@ -125,13 +126,14 @@ def test_kept_arrays_survive_later_packets(transport):
 def native_only(transport):
   if transport != "native":
     pytest.skip("exercises the native library's callback sites")
+  needs_cpu_default_backend("exercises the native CPU library's sites")
 
 
 def _newest_site() -> int:
-  return max(transport_native._sites)  # pylint: disable=protected-access
+  return max(native_wire.sites)
 
 
-def test_unregistered_site_fails_its_device(native_only):
+def test_unregistered_site_fails_its_device(native_only, outfeed_mode):
   native = runtime.transport("native")
   taps = []
   f = jax.jit(lambda x: hcb.id_tap(lambda v, tr: taps.append(int(v)), x))
@@ -145,7 +147,8 @@ def test_unregistered_site_fails_its_device(native_only):
   assert float(g(3.0)) == 6.0  # a new site
 
 
-def test_packets_queued_for_a_freed_site_are_dropped(native_only, caplog):
+def test_packets_queued_for_a_freed_site_are_dropped(native_only, outfeed_mode,
+                                                     caplog):
   native = runtime.transport("native")
   release = threading.Event()
   taps = []

@@ -1,7 +1,8 @@
 """Host functions that run JAX code calling the host again (`hcb.call` or
 `hcb.id_tap` inside a tap function or a call's host function).
 
-Each test runs on both transports and in both modes; a nested call runs its
+Each test runs on both transports and in both modes (but the one about the
+outfeed mode's limit on native); a nested call runs its
 host function on the thread that runs the outer one, or is answered by the
 device's consumer, and never deadlocks.
 """
@@ -20,13 +21,10 @@ pytestmark = pytest.mark.timeout(60, method="thread")
 
 @pytest.fixture
 def on_a_consumer_thread(transport, both_modes):
-  """The outer host function runs on the device's consumer thread (an
-  asynchronous tap, or a call queued behind one)."""
-  if transport == "native" and both_modes == "outfeed":
-    # Hub::Call runs a request directly only on an idle queue; one from the
-    # consumer thread would wait for itself, and fails at once instead
-    # (test_native_request_from_a_receiver_thread_fails_at_once).
-    pytest.skip("native: a request from the consumer thread is refused")
+  """Runs the test in both modes: in the outfeed mode the outer host
+  function runs on the device's consumer thread (an asynchronous tap, or a
+  call queued behind one)."""
+  del transport, both_modes  # set first
 
 
 def _plus_one(x):
@@ -48,25 +46,26 @@ def test_call_inside_a_tap_function(on_a_consumer_thread):
   assert got == [[1., 11., 21.]]
 
 
-def test_native_request_from_a_receiver_thread_fails_at_once(transport):
-  """The documented limit: on native, in the outfeed mode, a call from a tap
-  function (run by the device's receiver thread) fails with the fix in its
-  message, where it would wait for that tap function forever."""
-  if transport != "native":
-    pytest.skip("the Python transport answers it")
-  errors = []
+def test_call_from_a_tap_function_keeps_the_devices_order(transport,
+                                                          outfeed_mode):
+  """In the outfeed mode a tap function runs on the device's receiver
+  thread; a call its JAX code makes of the same device is served by that
+  thread (on native too), after the taps the device sent before it."""
+  log = []
 
   def tap(x, transforms):
-    try:
-      _inner_call(x)
-    except Exception as error:  # pylint: disable=broad-except
-      errors.append(str(error))
+    log.append(("outer", float(x)))
+    if float(x) == 0:
+      log.append(("inner result", float(_inner_call(x + 100))))
 
-  jax.jit(lambda x: hcb.id_tap(tap, x))(1.)
+  f = jax.jit(lambda x: hcb.id_tap(tap, x))
+  for i in range(3):
+    f(float(i))
   hcb.barrier_wait()
-  assert len(errors) == 1
-  assert "cannot be answered on the native transport" in errors[0]
-  assert "jax_host_callback_outfeed=False" in errors[0]
+  assert log == [("outer", 0.0), ("outer", 1.0), ("outer", 2.0),
+                 ("inner result", 101.0)] or log == [
+                     ("outer", 0.0), ("inner result", 101.0), ("outer", 1.0),
+                     ("outer", 2.0)]
   assert float(_inner_call(1.)) == 2.  # and the device goes on
 
 

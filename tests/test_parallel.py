@@ -1,7 +1,9 @@
 """pmap, shard_map and sharded jit: which device taps, with which value.
 
 The golden pmap cases (pmap of id_print, pmap of vmap, pmap of call) are in
-test_golden.py.
+test_golden.py. The devices are CPU devices (`cpu_devices`), whatever the
+default backend is. Every test here runs in the outfeed and in the
+synchronous mode.
 """
 
 import io
@@ -15,9 +17,10 @@ from jax import lax
 from jax.sharding import Mesh, NamedSharding, PartitionSpec as P
 
 import host_callback as hcb
-from helpers import Recorder, assert_tree_equal, batch
+from helpers import Recorder, assert_tree_equal, batch, cpu_devices
 
 NDEV = 4
+pytestmark = pytest.mark.usefixtures("both_modes")
 
 
 def by_device(rec):
@@ -28,18 +31,18 @@ def by_device(rec):
   return out
 
 
-def test_conftest_gives_four_devices():
-  assert jax.local_device_count() == NDEV
+def test_conftest_gives_four_cpu_devices():
+  assert len(jax.devices("cpu")) == NDEV
 
 
 @pytest.mark.parametrize("jit", [True, False], ids=["jit", "eager"])
 def test_tap_with_device_reports_the_committed_device(jit):
   rec = Recorder()
-  x = jax.device_put(jnp.arange(3.), jax.devices()[2])
+  x = jax.device_put(jnp.arange(3.), cpu_devices(NDEV)[2])
   f = lambda v: hcb.id_tap(rec, v, tap_with_device=True)  # noqa: E731
   (jax.jit(f) if jit else f)(x)
   hcb.barrier_wait()
-  assert rec.devices == [jax.devices()[2]]
+  assert rec.devices == [cpu_devices(NDEV)[2]]
   assert_tree_equal(rec.args, [np.arange(3., dtype=np.float32)])
 
 
@@ -49,12 +52,13 @@ def test_tap_with_device_reports_the_committed_device(jit):
 def test_pmap_each_device_taps_its_slice():
   rec = Recorder()
   x = jnp.arange(NDEV * 2.).reshape(NDEV, 2)
-  out = jax.pmap(lambda v: hcb.id_tap(rec, v * 10, tap_with_device=True))(x)
+  out = jax.pmap(lambda v: hcb.id_tap(rec, v * 10, tap_with_device=True),
+                 devices=cpu_devices(NDEV))(x)
   hcb.barrier_wait()
   np.testing.assert_array_equal(out, x * 10)
   got = by_device(rec)
-  assert set(got) == set(jax.local_devices())
-  for i, device in enumerate(jax.local_devices()):
+  assert set(got) == set(cpu_devices(NDEV))
+  for i, device in enumerate(cpu_devices(NDEV)):
     assert_tree_equal(got[device], [np.array([20. * i, 20. * i + 10.],
                                              np.float32)])
   assert rec.transforms == [()] * NDEV
@@ -68,21 +72,21 @@ def test_pmap_order_per_device_in_loop_and_across_calls():
         0, 3, lambda i, acc: acc + hcb.id_tap(rec, (x, i),
                                               tap_with_device=True)[1], 0)
 
-  g = jax.pmap(f)
+  g = jax.pmap(f, devices=cpu_devices(NDEV))
   for step in range(2):
     np.testing.assert_array_equal(g(jnp.arange(NDEV) + 100 * step),
                                   [3] * NDEV)
   hcb.barrier_wait()
   got = by_device(rec)
-  for d, device in enumerate(jax.local_devices()):
+  for d, device in enumerate(cpu_devices(NDEV)):
     assert [(int(x), int(i)) for x, i in got[device]] == [
         (100 * step + d, i) for step in range(2) for i in range(3)]
 
 
 def test_pmap_without_device_and_grad():
   rec = Recorder()
-  g = jax.pmap(jax.grad(lambda v: hcb.id_tap(rec, v * 2) ** 2))(
-      jnp.arange(float(NDEV)))
+  g = jax.pmap(jax.grad(lambda v: hcb.id_tap(rec, v * 2) ** 2),
+               devices=cpu_devices(NDEV))(jnp.arange(float(NDEV)))
   hcb.barrier_wait()
   np.testing.assert_array_equal(g, 8 * np.arange(NDEV))
   assert sorted(float(v) for v in rec.args) == [0., 2., 4., 6.]
@@ -96,12 +100,17 @@ def test_barrier_covers_every_device():
     time.sleep(0.01)
     rec(arg, transforms, device=device)
 
-  f = jax.pmap(lambda v: hcb.id_tap(slow, v, tap_with_device=True))
-  for step in range(5):
-    f(jnp.arange(NDEV) + 10 * step)
+  f = jax.pmap(lambda v: hcb.id_tap(slow, v, tap_with_device=True),
+               devices=cpu_devices(NDEV))
+  # Kept: on CPU the barrier covers a computation whose inputs were not
+  # ready when dispatched through the arrays the program holds ("barrier_wait"
+  # in docs/user_guide.md).
+  outputs = [f(jnp.arange(NDEV) + 10 * step) for step in range(5)]
   hcb.barrier_wait()
+  np.testing.assert_array_equal(outputs, [np.arange(NDEV) + 10 * step
+                                          for step in range(5)])
   assert len(rec.calls) == 5 * NDEV
-  for d, device in enumerate(jax.local_devices()):
+  for d, device in enumerate(cpu_devices(NDEV)):
     assert [int(v) for v in by_device(rec)[device]] == [
         10 * step + d for step in range(5)]
 
@@ -114,8 +123,12 @@ def test_concurrent_prints_do_not_interleave():
         (acc, jnp.full((2, 2), i)), tap_with_device=True, what="w",
         output_stream=stream)[0] + 1, x)
 
-  jax.pmap(f)(jnp.arange(NDEV) * 100)
+  # Kept: on CPU the barrier covers a computation whose inputs were not
+  # ready when dispatched through the arrays the program holds ("barrier_wait"
+  # in docs/user_guide.md).
+  out = jax.pmap(f, devices=cpu_devices(NDEV))(jnp.arange(NDEV) * 100)
   hcb.barrier_wait()
+  np.testing.assert_array_equal(out, np.arange(NDEV) * 100 + 25)
   lines = stream.getvalue().splitlines()
   assert len(lines) == NDEV * 25 * 3  # header, then a 2-line value
   per_device = {}
@@ -123,8 +136,8 @@ def test_concurrent_prints_do_not_interleave():
     assert header.startswith("device: ") and header.endswith(" what: w")
     per_device.setdefault(header, []).append(first + "|" + second)
   assert sorted(per_device) == sorted(
-      f"device: {d} what: w" for d in jax.local_devices())
-  for d, device in enumerate(jax.local_devices()):
+      f"device: {d} what: w" for d in cpu_devices(NDEV))
+  for d, device in enumerate(cpu_devices(NDEV)):
     assert per_device[f"device: {device} what: w"] == [
         f"( {100 * d + i} [[{i} {i}]| [{i} {i}]] )" for i in range(25)]
 
@@ -134,7 +147,7 @@ def test_concurrent_prints_do_not_interleave():
 
 def test_shard_map_taps_each_devices_block():
   rec = Recorder()
-  mesh = Mesh(np.array(jax.devices()), ("d",))
+  mesh = Mesh(np.array(cpu_devices(NDEV)), ("d",))
   f = jax.jit(jax.shard_map(
       lambda v: hcb.id_tap(rec, v + 1, tap_with_device=True),
       mesh=mesh, in_specs=P("d"), out_specs=P("d")))
@@ -142,15 +155,15 @@ def test_shard_map_taps_each_devices_block():
   hcb.barrier_wait()
   np.testing.assert_array_equal(out, np.arange(2. * NDEV) + 1)
   got = by_device(rec)
-  assert set(got) == set(jax.devices())
-  for d, device in enumerate(jax.devices()):
+  assert set(got) == set(cpu_devices(NDEV))
+  for d, device in enumerate(cpu_devices(NDEV)):
     assert_tree_equal(got[device], [np.array([2. * d + 1, 2. * d + 2],
                                              np.float32)])
 
 
 def test_shard_map_order_per_device_in_scan():
   rec = Recorder()
-  mesh = Mesh(np.array(jax.devices()), ("d",))
+  mesh = Mesh(np.array(cpu_devices(NDEV)), ("d",))
 
   def block(v):
     return lax.scan(lambda c, i: (c + hcb.id_tap(rec, (v[0], i),
@@ -161,7 +174,7 @@ def test_shard_map_order_per_device_in_scan():
                               out_specs=P("d")))(jnp.arange(NDEV) * 10)
   hcb.barrier_wait()
   np.testing.assert_array_equal(out, [3] * NDEV)
-  for d, device in enumerate(jax.devices()):
+  for d, device in enumerate(cpu_devices(NDEV)):
     assert [(int(x), int(i)) for x, i in by_device(rec)[device]] == [
         (10 * d, 0), (10 * d, 1), (10 * d, 2)]
 
@@ -172,7 +185,7 @@ def test_shard_map_order_per_device_in_scan():
 @pytest.mark.parametrize("device_index", [0, 1])
 def test_sharded_jit_taps_whole_array_once(device_index):
   rec = Recorder()
-  mesh = Mesh(np.array(jax.devices()[:2]), ("d",))
+  mesh = Mesh(np.array(cpu_devices(2)), ("d",))
   x = jnp.array([[0, 1, 2], [10, 11, 12]], jnp.int32)
 
   def f(v):
@@ -185,7 +198,7 @@ def test_sharded_jit_taps_whole_array_once(device_index):
   expected = np.array([[3] * 4, [33] * 4], np.int32)
   np.testing.assert_array_equal(out, expected)
   assert_tree_equal(rec.args, [expected])
-  assert rec.devices == [jax.devices()[device_index]]
+  assert rec.devices == [cpu_devices(NDEV)[device_index]]
 
 
 @pytest.mark.parametrize("axis_type", ["Explicit", "Auto"])
@@ -195,7 +208,8 @@ def test_taps_and_calls_under_set_mesh(axis_type, sharded_input):
   axes, on a 2x2 mesh, with sharded or unsharded inputs."""
   rec = Recorder()
   axis_types = (getattr(jax.sharding.AxisType, axis_type),) * 2
-  mesh = jax.make_mesh((2, 2), ("a", "b"), axis_types=axis_types)
+  mesh = jax.make_mesh((2, 2), ("a", "b"), axis_types=axis_types,
+                       devices=cpu_devices(4))
   x = jnp.arange(16.).reshape(4, 4)
   if sharded_input:
     x = jax.device_put(x, NamedSharding(mesh, P("a", "b")))
@@ -227,7 +241,7 @@ def test_sharded_jit_rejects_device_index_beyond_its_devices(op):
   """device_index=3 exists in the process (4 devices) but not in a jit over
   2 of them: an error, never a dropped tap or a call that returns zeros."""
   ran = []
-  mesh = Mesh(np.array(jax.devices()[:2]), ("d",))
+  mesh = Mesh(np.array(cpu_devices(2)), ("d",))
 
   def f(v):
     if op == "tap":
@@ -245,18 +259,18 @@ def test_sharded_jit_rejects_device_index_beyond_its_devices(op):
 @pytest.mark.parametrize("device_index", [0, 2])
 def test_eager_tap_of_sharded_array(device_index):
   rec = Recorder()
-  mesh = Mesh(np.array(jax.devices()), ("d",))
+  mesh = Mesh(np.array(cpu_devices(NDEV)), ("d",))
   x = jax.device_put(jnp.arange(8.), NamedSharding(mesh, P("d")))
   out = hcb.id_tap(rec, x, tap_with_device=True, device_index=device_index)
   hcb.barrier_wait()
   np.testing.assert_array_equal(out, np.arange(8.))
   assert_tree_equal(rec.args, [np.arange(8., dtype=np.float32)])
-  assert rec.devices == [jax.devices()[device_index]]
+  assert rec.devices == [cpu_devices(NDEV)[device_index]]
 
 
 def test_sharded_jit_four_devices_2d_mesh():
   rec = Recorder()
-  mesh = Mesh(np.array(jax.devices()).reshape(2, 2), ("a", "b"))
+  mesh = Mesh(np.array(cpu_devices(NDEV)).reshape(2, 2), ("a", "b"))
   x = jnp.arange(16.).reshape(4, 4)
   sharding = NamedSharding(mesh, P("a", "b"))
   f = jax.jit(lambda v: hcb.id_tap(rec, (v, v.sum()), tap_with_device=True,
@@ -267,12 +281,12 @@ def test_sharded_jit_four_devices_2d_mesh():
   np.testing.assert_array_equal(out, x * 2)
   assert_tree_equal(rec.args, [(np.arange(16., dtype=np.float32).reshape(4, 4),
                                 np.float32(120.))])
-  assert rec.devices == [jax.devices()[3]]
+  assert rec.devices == [cpu_devices(NDEV)[3]]
 
 
 def test_sharded_jit_with_vmap_and_loop():
   rec = Recorder()
-  mesh = Mesh(np.array(jax.devices()[:2]), ("d",))
+  mesh = Mesh(np.array(cpu_devices(2)), ("d",))
 
   def f(v):
     return lax.fori_loop(0, 2, lambda i, acc: hcb.id_tap(rec, acc + 1), v)

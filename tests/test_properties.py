@@ -1,4 +1,7 @@
-"""Property-based tests: random pytrees round-trip; bad input gives clear errors."""
+"""Property-based tests: random pytrees round-trip; bad input gives clear errors.
+
+The round trips run in the outfeed and in the synchronous mode.
+"""
 
 
 import jax
@@ -43,6 +46,7 @@ def _assert_same_tree(actual, expected):
     np.testing.assert_array_equal(np.asarray(a), np.asarray(e))
 
 
+@pytest.mark.usefixtures("both_modes")
 @SETTINGS
 @given(tree=pytrees)
 def test_random_pytrees_round_trip_through_id_tap(tree):
@@ -53,6 +57,7 @@ def test_random_pytrees_round_trip_through_id_tap(tree):
   _assert_same_tree(received[0], tree)
 
 
+@pytest.mark.usefixtures("both_modes")
 @SETTINGS
 @given(tree=pytrees)
 def test_random_pytrees_round_trip_through_call(tree):

@@ -1,4 +1,10 @@
-"""The receiver: barrier, stop and restart, exit, queue bound, threads, settings."""
+"""The receiver: barrier, stop and restart, exit, queue bound, threads, settings.
+
+The tests of what the receiver does asynchronously (a barrier waiting for
+slow taps, stop and restart, the queue bound, draining at exit) run in the
+outfeed mode; the settings and the barrier's own behaviour in the default
+(synchronous) mode.
+"""
 
 import io
 import logging
@@ -11,7 +17,10 @@ import numpy as np
 import pytest
 
 import host_callback as hcb
-from helpers import Recorder, run_python, wait_until
+from helpers import (OUTFEED, Recorder, needs_cpu_default_backend, run_python,
+                     wait_until)
+
+in_outfeed_mode = pytest.mark.usefixtures("outfeed_mode")
 
 
 def slow_recorder(rec, seconds=0.002):
@@ -24,6 +33,7 @@ def slow_recorder(rec, seconds=0.002):
 # --- barrier_wait ------------------------------------------------------------
 
 
+@in_outfeed_mode
 def test_barrier_waits_for_slow_taps():
   rec = Recorder()
   f = jax.jit(lambda x: hcb.id_tap(slow_recorder(rec, 0.01), x))
@@ -33,6 +43,7 @@ def test_barrier_waits_for_slow_taps():
   assert [int(v) for v in rec.args] == list(range(20))
 
 
+@in_outfeed_mode
 def test_barrier_waits_for_eager_taps():
   rec = Recorder()
   for i in range(10):
@@ -68,6 +79,7 @@ def test_barrier_in_a_process_that_never_tapped(transport):
 # --- stop_outfeed_receiver -----------------------------------------------------
 
 
+@in_outfeed_mode
 def test_stop_delivers_pending_then_next_use_restarts():
   rec = Recorder()
   tap = slow_recorder(rec, 0.01)
@@ -86,6 +98,7 @@ def test_stop_delivers_pending_then_next_use_restarts():
   assert [int(v) for v in rec.args] == list(range(13))
 
 
+@in_outfeed_mode
 def test_stop_then_id_print():
   stream = io.StringIO()
   hcb.stop_outfeed_receiver()
@@ -95,6 +108,7 @@ def test_stop_then_id_print():
   assert stream.getvalue() == "what: after stop\n1.\n"
 
 
+@in_outfeed_mode
 def test_stop_keeps_pending_exception_for_barrier():
   def raising(arg, transforms):
     raise ValueError("before stop")
@@ -109,6 +123,7 @@ def test_stop_keeps_pending_exception_for_barrier():
 # --- threads -------------------------------------------------------------------
 
 
+@pytest.mark.usefixtures("both_modes")
 def test_taps_from_two_threads_and_barrier_from_a_third():
   rec = Recorder()
   tap = slow_recorder(rec, 0.001)
@@ -143,6 +158,7 @@ def test_taps_from_two_threads_and_barrier_from_a_third():
     assert [i for t, i in received if t == tid] == list(range(n))
 
 
+@in_outfeed_mode
 def test_taps_from_another_thread_are_covered_by_main_barrier():
   rec = Recorder()
   f = jax.jit(lambda x: hcb.id_tap(slow_recorder(rec, 0.005), x))
@@ -170,6 +186,7 @@ def _thread_recorder(threads):
       (threading.current_thread(), int(arg)))
 
 
+@in_outfeed_mode
 def test_eager_taps_run_on_receiver_thread_by_default():
   threads = []
   hcb.id_tap(_thread_recorder(threads), jnp.int32(1))
@@ -295,7 +312,7 @@ def test_queue_bound_respected_with_slow_consumer(transport):
       print("bound", [s.max_bytes for s in stats])
       print("high water ok", all(s.high_water_bytes <= s.max_bytes + 4_000_000
                                  for s in stats))
-      """, env={"JAX_HOST_CALLBACK_MAX_QUEUE_BYTE_SIZE": "16000000"},
+      """, env={**OUTFEED, "JAX_HOST_CALLBACK_MAX_QUEUE_BYTE_SIZE": "16000000"},
                       transport=transport)
   assert result.returncode == 0, result.stderr
   lines = dict(line.split(" ", 1) if " " in line else (line, "")
@@ -316,9 +333,11 @@ def test_queue_bound_respected_with_slow_consumer(transport):
                                    np.float32(1.5)],
                          ids=["empty_tuple", "zero_size", "scalar"])
 def test_tiny_taps_fill_the_bound_and_the_device_waits(transport, value,
+                                                       outfeed_mode,
                                                        smallest_queue):
   """Each packet counts its overhead, not just its data: taps that carry
   (almost) no data fill the bound, and the device waits for room."""
+  needs_cpu_default_backend("reads the CPU transport's queue of device 0")
   steps = smallest_queue // 64 + 10_000  # more than fit at 64 bytes each
   release = threading.Event()
   received = []
@@ -388,7 +407,7 @@ def test_pending_taps_delivered_at_exit(transport):
         single(i)
       sys.stdout.write("dispatched\\n")
       # No barrier_wait: exit must drain.
-      """, transport=transport)
+      """, env=OUTFEED, transport=transport)
   assert result.returncode == 0, result.stderr
   lines = result.stdout.splitlines()
   assert "dispatched" in lines

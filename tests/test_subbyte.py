@@ -2,7 +2,8 @@
 calls, small and large, on each transport.
 
 XLA packs them below a byte per element; host functions get them one element
-per byte, as NumPy (ml_dtypes) stores them.
+per byte, as NumPy (ml_dtypes) stores them. Every test here runs in the
+outfeed and in the synchronous mode.
 """
 
 import jax
@@ -11,6 +12,8 @@ import numpy as np
 import pytest
 
 import host_callback as hcb
+
+pytestmark = pytest.mark.usefixtures("both_modes")
 
 DTYPES = [jnp.int4, jnp.uint4, jnp.int2, jnp.uint2, jnp.float4_e2m1fn]
 BITS = {jnp.int4: 4, jnp.uint4: 4, jnp.int2: 2, jnp.uint2: 2,

@@ -1,4 +1,7 @@
-"""What taps receive and return: dtypes, pytrees, PRNG keys, empty values, result=."""
+"""What taps receive and return: dtypes, pytrees, PRNG keys, empty values, result=.
+
+Every test here runs in the outfeed and in the synchronous mode.
+"""
 
 import collections
 import io
@@ -11,6 +14,8 @@ from jax import lax
 
 import host_callback as hcb
 from helpers import Recorder, assert_tree_equal
+
+pytestmark = pytest.mark.usefixtures("both_modes")
 
 DTYPES = ["bool", "int8", "int16", "int32", "uint8", "uint16", "uint32",
           "float16", "bfloat16", "float32", "complex64"]

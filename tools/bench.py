@@ -52,8 +52,8 @@ def _sleep_1ms(*args, **kwargs) -> None:
 
 # --- The ways of tapping and calling being compared --------------------------
 
-def _tap_hcb(func: Callable) -> Callable:
-  return lambda x: hcb.id_tap(lambda arg, transforms: func(arg), x)
+def _tap_hcb(func: Callable, copy: bool = True) -> Callable:
+  return lambda x: hcb.id_tap(lambda arg, transforms: func(arg), x, copy=copy)
 
 
 def _tap_debug(func: Callable) -> Callable:
@@ -75,8 +75,8 @@ def _first(tap: Callable) -> Callable:
   return lambda x: tap(x).ravel()[0]
 
 
-def _call_hcb(func: Callable) -> Callable:
-  return lambda x: hcb.call(func, x, result_shape=x)
+def _call_hcb(func: Callable, copy: bool = True) -> Callable:
+  return lambda x: hcb.call(func, x, result_shape=x, copy=copy)
 
 
 def _call_pure(func: Callable) -> Callable:
@@ -272,23 +272,32 @@ def collect(quick: bool, repeat: int, only: str = "") -> List[Row]:
   identity = lambda a: a  # noqa: E731
   for mib in (32, 256):
     shape = f"f32[{mib // 4},1024,1024]"
-    taps = [f"large tap of {mib} MiB {shape}, until the host function ran"
-            + (" (synchronous)" if synchronous else "")
-            for synchronous in (False, True)]
-    call = f"large call round trip of {mib} MiB {shape}, identity"
-    if not any(re.search(only, name) for name in (*taps, call)):
+    # (synchronous, copy, scenario)
+    taps = [(synchronous, copy,
+             f"large tap of {mib} MiB {shape}, until the host function ran"
+             + suffix)
+            for synchronous, copy, suffix in (
+                (False, True, ""), (True, True, " (synchronous)"),
+                (True, False, " (synchronous, copy=False)"))]
+    calls = [(copy, f"large call round trip of {mib} MiB {shape}, identity"
+              + suffix) for copy, suffix in ((True, ""),
+                                             (False, ", copy=False"))]
+    if not any(re.search(only, name)
+               for name in [t[2] for t in taps] + [c[1] for c in calls]):
       continue  # do not allocate the array
     array = jnp.zeros((mib // 4, 1024, 1024), jnp.float32)
-    for synchronous, scenario in zip((False, True), taps):
+    for synchronous, copy, scenario in taps:
       add(scenario, "ms",
           lambda make, a=array: 1e3 * _one_shot_times(make(_noop), a,
                                                        repeat)[0],
           {**YARDSTICK, "io_callback": lambda f: _first(_tap_io(f))},
-          lambda f: _first(_tap_hcb(f)), synchronous=synchronous)
-    add(call, "ms",
-        lambda make, a=array: 1e3 * _one_shot_times(make(identity), a,
-                                                     repeat)[0],
-        {**YARDSTICK, **CALLERS}, _call_hcb)
+          lambda f, copy=copy: _first(_tap_hcb(f, copy)),
+          synchronous=synchronous)
+    for copy, scenario in calls:
+      add(scenario, "ms",
+          lambda make, a=array: 1e3 * _one_shot_times(make(identity), a,
+                                                       repeat)[0],
+          {**YARDSTICK, **CALLERS}, lambda f, copy=copy: _call_hcb(f, copy))
     del array
   for size, label in ((1, "4 B"), (1 << 14, "64 KiB"), (1 << 18, "1 MiB"),
                       (1 << 22, "16 MiB"), (1 << 28, "1 GiB")):
@@ -389,7 +398,8 @@ def _large_label(scenario: str) -> str:
   """'large tap of 32 MiB f32[..], until ... (synchronous)' -> short lines."""
   words = scenario.split()
   what = " ".join(words[1:words.index("MiB") + 1])
-  return what + ("\nsynchronous" if "synchronous" in scenario else "")
+  return (what + ("\nsynchronous" if "synchronous" in scenario else "")
+          + ("\ncopy=False" if "copy=False" in scenario else ""))
 
 
 def plot(rows: List[Row], path: str) -> Optional[str]:

@@ -1,5 +1,6 @@
 // The XLA FFI handlers that the device runs: they move bytes between device
-// buffers and the hub's queues, and never touch Python or the GIL.
+// buffers and the hub's queues. Only a direct run (Hub::Call, see
+// python_runner.cc) enters Python.
 //
 // Both take and return host_callback's ordering token, so XLA keeps them in
 // program order on each device. `device_id` is XLA's device ordinal, which on
@@ -14,6 +15,8 @@
 #include <exception>
 #include <new>
 #include <vector>
+
+#include "ffi_handlers.h"
 
 #include "executions.h"
 #include "hub.h"
@@ -166,22 +169,16 @@ ffi::Error Call(int32_t device_id, ffi::Token, ffi::RemainingArgs args,
   }));
 }
 
-// A synchronous tap: sends the first `num_sent` arguments as a request, then
-// waits for the host function to return. The results alias the arguments
-// (XLA passes them through), so the tap's outputs come after its function.
+// A synchronous tap: sends the arguments as a request, then waits for the
+// host function to return. It returns only the token: the tap's outputs are
+// its operands, which XLA passes on untouched (no copy), and the token orders
+// it with our later ops.
 ffi::Error TapSync(int32_t device_id, ffi::Token, ffi::RemainingArgs args,
-                   ffi::Result<ffi::Token>, ffi::RemainingRets, int64_t site,
-                   int64_t num_sent) {
-  if (num_sent < 0 || static_cast<size_t>(num_sent) > args.size()) {
-    return EndOnFailure(ffi::Error(ffi::ErrorCode::kInvalidArgument,
-                                   "host_callback: num_sent is out of range"));
-  }
+                   ffi::Result<ffi::Token>, int64_t site) {
   return EndOnFailure(Guard([&] {
-    Spans arrays(static_cast<size_t>(num_sent));
-    for (size_t i = 0; i < arrays.size(); ++i) {
-      auto buffer = args.get<ffi::AnyBuffer>(i);
-      if (buffer.has_error()) return buffer.error();
-      arrays.data()[i] = SpanOf(*buffer);
+    Spans arrays(args.size());
+    if (ffi::Error error = ArgSpans(args, &arrays); error.failure()) {
+      return error;
     }
     return Done(hcb::Hub::Get().Call(device_id, site, arrays.data(),
                                      arrays.size(), nullptr, 0));
@@ -189,14 +186,6 @@ ffi::Error TapSync(int32_t device_id, ffi::Token, ffi::RemainingArgs args,
 }
 
 }  // namespace
-
-// Exported for ctypes (the library is built with hidden visibility).
-#define HCB_HANDLER extern "C" __attribute__((visibility("default")))
-HCB_HANDLER XLA_FFI_Error* HcbOutfeed(XLA_FFI_CallFrame* call_frame);
-HCB_HANDLER XLA_FFI_Error* HcbCall(XLA_FFI_CallFrame* call_frame);
-HCB_HANDLER XLA_FFI_Error* HcbTapSync(XLA_FFI_CallFrame* call_frame);
-HCB_HANDLER XLA_FFI_Error* HcbBegin(XLA_FFI_CallFrame* call_frame);
-HCB_HANDLER XLA_FFI_Error* HcbEnd(XLA_FFI_CallFrame* call_frame);
 
 XLA_FFI_DEFINE_HANDLER_SYMBOL(HcbBegin, Begin,
                               ffi::Ffi::Bind()
@@ -231,6 +220,4 @@ XLA_FFI_DEFINE_HANDLER_SYMBOL(HcbTapSync, TapSync,
                                   .Arg<ffi::Token>()
                                   .RemainingArgs()
                                   .Ret<ffi::Token>()
-                                  .RemainingRets()
-                                  .Attr<int64_t>("site")
-                                  .Attr<int64_t>("num_sent"));
+                                  .Attr<int64_t>("site"));

@@ -276,6 +276,10 @@ void Hub::SetDirectRunner(DirectRunner runner) {
   direct_runner_.store(runner, std::memory_order_seq_cst);
 }
 
+void Hub::SetNestedConsumer(NestedConsumer consumer) {
+  nested_consumer_.store(consumer, std::memory_order_seq_cst);
+}
+
 void Hub::SetInterruptHook(InterruptHook hook, Rearm rearm,
                            uint64_t main_thread) {
   main_thread_.store(main_thread, std::memory_order_seq_cst);
@@ -283,15 +287,20 @@ void Hub::SetInterruptHook(InterruptHook hook, Rearm rearm,
   interrupt_hook_.store(hook, std::memory_order_seq_cst);
 }
 
+bool Hub::OnMainThread() {
+  return ThisThread() == main_thread_.load(std::memory_order_seq_cst);
+}
+
 bool Hub::Interrupted() {
   InterruptHook hook = interrupt_hook_.load(std::memory_order_seq_cst);
-  if (hook == nullptr ||
-      ThisThread() != main_thread_.load(std::memory_order_seq_cst) ||
-      hook() == 0) {
-    return false;
-  }
-  if (Rearm rearm = rearm_.load(std::memory_order_seq_cst)) rearm();
+  if (hook == nullptr || !OnMainThread() || hook() == 0) return false;
+  RearmOnMainThread();
   return true;
+}
+
+void Hub::RearmOnMainThread() {
+  if (!OnMainThread()) return;
+  if (Rearm rearm = rearm_.load(std::memory_order_seq_cst)) rearm();
 }
 
 void Hub::RegisterSite(int64_t site, std::vector<int64_t> array_bytes) {
@@ -506,12 +515,6 @@ void WritePacket(uint8_t* at, int64_t size, int64_t site, int64_t request_id,
   }
 }
 
-int64_t PacketSize(const Span* arrays, size_t num_arrays) {
-  int64_t size = kHeaderBytes;
-  for (size_t i = 0; i < num_arrays; ++i) size += AlignUp(arrays[i].bytes);
-  return size;
-}
-
 }  // namespace
 
 Status Hub::PushLarge(int64_t device_id, DeviceQueue* queue, std::unique_lock<std::mutex>& lock,
@@ -555,55 +558,29 @@ Status Hub::PushLarge(int64_t device_id, DeviceQueue* queue, std::unique_lock<st
 }
 
 bool Hub::RunDirect(DirectRunner runner, DeviceQueue* queue,
-                    int64_t device_id, int64_t site, const Span* arrays,
-                    size_t num_arrays, const Span* outputs, size_t num_outputs,
-                    Status* status) {
-  std::vector<void*> args(num_arrays), results(num_outputs);
-  std::vector<int64_t> arg_bytes(num_arrays), result_bytes(num_outputs);
-  for (size_t i = 0; i < num_arrays; ++i) {
-    args[i] = arrays[i].data;
-    arg_bytes[i] = arrays[i].bytes;
-  }
-  for (size_t i = 0; i < num_outputs; ++i) {
-    results[i] = outputs[i].data;
-    result_bytes[i] = outputs[i].bytes;
-  }
+                    const DirectRequest& request, Status* status) {
   if (!BeginDirect(queue)) return false;
   struct End {
     Hub* hub;
     DeviceQueue* queue;
     ~End() { hub->EndDirect(queue); }
   } end{this, queue};
-  // A large request's arguments are copied once, here, into a block that
-  // the host function's arrays view; a small one's are copied by the runner.
-  Block* block = nullptr;
-  if (const int64_t size = PacketSize(arrays, num_arrays);
-      size >= kLargePacket) {
-    block = AcquireBlock(size);
-    WritePacket(block->data, size, site, /*request_id=*/0, arrays, num_arrays);
-  }
-  char error[4096] = {0};
-  const int done = runner(device_id, site, reinterpret_cast<int64_t>(block),
-                          block != nullptr ? block->data : nullptr,
-                          args.data(), arg_bytes.data(),
-                          static_cast<int64_t>(num_arrays), results.data(),
-                          result_bytes.data(),
-                          static_cast<int64_t>(num_outputs), error,
-                          sizeof(error) - 1);
-  switch (done) {
-    case 0:
+  std::string error;
+  switch (runner(request, &error)) {
+    case DirectOutcome::kDone:
       *status = Status();
       return true;
-    case 1:
-      *status = Failure(Code::kInternal, error);
+    case DirectOutcome::kFailed:
+      *status = Failure(Code::kInternal, std::move(error));
       return true;
-    case 3:
-      if (Rearm rearm = rearm_.load(std::memory_order_seq_cst)) rearm();
-      *status = Failure(Code::kCancelled, error);
+    case DirectOutcome::kInterrupted:
+      RearmOnMainThread();
+      *status = Failure(Code::kCancelled, std::move(error));
       return true;
-    default:
-      return false;
+    case DirectOutcome::kDeclined:
+      break;
   }
+  return false;
 }
 
 // A request's reply slot, in `slots_` from construction until its device
@@ -634,6 +611,8 @@ class Hub::PendingRequest {
   }
 
   int64_t id() const { return id_; }
+
+  bool Answered() const { return answered(); }
 
   // Waits for the reply; gives up on Ctrl-C or when no receiver can answer.
   Status Wait(int64_t device_id) {
@@ -683,19 +662,39 @@ Status Hub::Call(int64_t device_id, int64_t site, const Span* arrays,
   DeviceQueue* queue = Queue(device_id);
   Status direct;
   if (runner != nullptr &&
-      RunDirect(runner, queue, device_id, site, arrays, num_arrays, outputs,
-                num_outputs, &direct)) {
+      RunDirect(runner, queue,
+                DirectRequest{device_id, site, arrays, num_arrays, outputs,
+                              num_outputs},
+                &direct)) {
     return direct;
   }
   if (IsConsumer(queue)) {
+    if (NestedConsumer consume =
+            nested_consumer_.load(std::memory_order_seq_cst)) {
+      // This thread consumes the device's queue: it serves the request
+      // itself, after what the device sent before it.
+      PendingRequest request(this, outputs, num_outputs);
+      if (Status status =
+              Push(device_id, site, request.id(), arrays, num_arrays);
+          !status.ok()) {
+        return status;
+      }
+      while (!request.Answered()) {
+        if (consume(device_id) != 0) {
+          return Failure(Code::kUnavailable,
+                         "host_callback: no receiver could serve a call made "
+                         "from a host function of device " +
+                             std::to_string(device_id));
+        }
+      }
+      return request.Wait(device_id);
+    }
     return Failure(
         Code::kFailedPrecondition,
         "host_callback: a call (or synchronous tap) made from inside a host "
         "function that the receiver thread of device " +
             std::to_string(device_id) +
-            " runs cannot be answered on the native transport: it would wait "
-            "for that host function. Run it in the synchronous mode "
-            "(jax_host_callback_outfeed=False) or on the Python transport.");
+            " runs cannot be served: the receiver has shut down");
   }
   struct Suspension {  // lets the consumer answer a nested request
     Hub* hub;

@@ -175,29 +175,49 @@ enum class ReplyOutcome : int { kDelivered = 0, kNoWaiter = 1, kSizeMismatch = 2
 // once one is attached.
 using RestartHook = int (*)();
 
-// Called, with the GIL, by a device that waits on Python's main thread (every
+// Called by a device that waits on Python's main thread (every
 // kPollInterval): returns nonzero when Ctrl-C (SIGINT) is pending, clearing
 // it, so that the wait gives up.
 using InterruptHook = int (*)();
-// Python's PyErr_SetInterrupt (callable without the GIL): called once the
-// interrupt hook returned nonzero, so that Python raises KeyboardInterrupt
-// again as soon as the failed computation returns to it.
+// Re-arms Ctrl-C (Python's PyErr_SetInterrupt, callable without the GIL) on
+// the main thread once a wait there gave up for it, or a host function run
+// there was interrupted, so that Python raises KeyboardInterrupt again as
+// soon as the failed computation returns to it. Never called for another
+// thread: an interrupt fails only the computation whose host function it
+// stopped, and reaches only the thread that waits on it.
 using Rearm = void (*)();
 
-// Runs a request's host function on the device thread (Python, through
-// ctypes, which takes the GIL): the arguments' data and sizes, and where the
-// results go. For a large request (at least kLargePacket bytes as a packet)
-// the hub has already copied the arguments into `block` (else 0), laid out
-// as a packet at `packet`; the runner then owns the block and returns it
-// with Hub::ReturnBlock once no array views it. Returns 0 when done, 1 on error (with a message in `error`,
-// `error_capacity` bytes), 2 when it cannot, so the request is handed to the
-// receiver thread instead, 3 when Ctrl-C interrupted the host function (with
-// a message; the hub re-arms Ctrl-C, see Rearm).
-using DirectRunner = int (*)(int64_t device_id, int64_t site,
-                             int64_t block, void* packet, void* const* args, const int64_t* arg_bytes,
-                             int64_t num_args, void* const* results,
-                             const int64_t* result_bytes, int64_t num_results,
-                             char* error, int64_t error_capacity);
+// What a direct runner is asked to do: run the host function of `site` on
+// the arrays `args` (device buffers, valid during the call) and write its
+// results into `outputs` (the device's result buffers).
+struct DirectRequest {
+  int64_t device_id;
+  int64_t site;
+  const Span* args;
+  size_t num_args;
+  const Span* outputs;
+  size_t num_outputs;
+};
+
+// What became of a direct run.
+enum class DirectOutcome : int {
+  kDone = 0,
+  kFailed = 1,       // the host function (or its result) failed: `error`
+  kDeclined = 2,     // not run: the request goes through the queue instead
+  kInterrupted = 3,  // Ctrl-C (KeyboardInterrupt) stopped it: `error`
+};
+
+// Called by a device's consumer thread that makes a request of its own
+// device (a host function running JAX code in the outfeed mode): consumes,
+// in the device's order, what the consumer has taken and not yet consumed,
+// else the next batch. Returns 0, or nonzero when no receiver can consume.
+using NestedConsumer = int (*)(int64_t device_id);
+
+// Runs a request's host function on the device thread (the extension
+// module's runner, which takes the GIL). It declines only before the host
+// function ran.
+using DirectRunner = DirectOutcome (*)(const DirectRequest& request,
+                                       std::string* error);
 
 // The process-wide state. `mu_` guards `queues_`, `slots_` and
 // `next_request_`; `sites_mu_` guards `sites_`. A reply slot leaves `slots_`
@@ -222,9 +242,12 @@ class Hub {
   // With a runner, a request whose device has nothing queued runs its host
   // function on the device thread instead of a round trip to the receiver.
   void SetDirectRunner(DirectRunner runner);
+  // With a nested consumer, a request made on a device's consumer thread is
+  // queued and served by that thread (NestedConsumer); without, it fails.
+  void SetNestedConsumer(NestedConsumer consumer);
   // Waits on the thread `main_thread` (pthread_self() of Python's main
   // thread) call `hook`, then `rearm` when it reports Ctrl-C; none without a
-  // hook.
+  // hook. A direct run interrupted on that thread calls `rearm` too.
   void SetInterruptHook(InterruptHook hook, Rearm rearm, uint64_t main_thread);
 
   // Records the byte size of each array that the packets of `site` carry;
@@ -293,11 +316,13 @@ class Hub {
               const Span* arrays, size_t num_arrays);
   // Runs a request's host function on the device thread when the queue is
   // idle; false when it did not (the request then goes through the queue).
-  bool RunDirect(DirectRunner runner, DeviceQueue* queue, int64_t device_id,
-                 int64_t site, const Span* arrays, size_t num_arrays,
-                 const Span* outputs, size_t num_outputs, Status* status);
+  bool RunDirect(DirectRunner runner, DeviceQueue* queue,
+                 const DirectRequest& request, Status* status);
   // Whether a signal handler raised on the main thread (see InterruptHook).
   bool Interrupted();
+  bool OnMainThread();
+  // Calls the Rearm hook when the calling thread is Python's main thread.
+  void RearmOnMainThread();
   // Takes the slot of `request_id` out of `slots_` for its replier.
   ReplySlot* Claim(int64_t request_id);
   Chunk* ChunkWithRoom(DeviceQueue* queue, int64_t size);
@@ -324,6 +349,7 @@ class Hub {
   std::atomic<bool> attached_{false};
   std::atomic<RestartHook> restart_hook_{nullptr};
   std::atomic<DirectRunner> direct_runner_{nullptr};
+  std::atomic<NestedConsumer> nested_consumer_{nullptr};
   std::atomic<InterruptHook> interrupt_hook_{nullptr};
   std::atomic<Rearm> rearm_{nullptr};
   std::atomic<uint64_t> main_thread_{0};

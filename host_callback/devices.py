@@ -1,0 +1,47 @@
+"""Device numbers: how queues, sites and packets name a device.
+
+A device's number is its `jax.Device.id` on CPU (what the native handlers
+read as XLA's device ordinal), and past `_PLATFORM_STRIDE` times a rank for
+any other platform: ids of different platforms overlap (CPU devices 0-3 and
+GPU 0 on a machine with one GPU), and a program may use both.
+"""
+
+from __future__ import annotations
+
+import functools
+from typing import Any, Dict, List
+
+import jax
+
+_PLATFORM_STRIDE = 1 << 20
+_PLATFORM_RANKS = {"cpu": 0, "gpu": 1, "cuda": 1, "rocm": 2, "tpu": 3}
+_OTHER_RANK = 4
+
+
+def device_number(device: Any) -> int:
+  """The number that names `device` in queues and packets."""
+  rank = _PLATFORM_RANKS.get(device.platform, _OTHER_RANK)
+  return rank * _PLATFORM_STRIDE + device.id
+
+
+@functools.lru_cache(maxsize=None)
+def _devices() -> Dict[int, Any]:
+  """Every device of the default backend and of the CPU, by number."""
+  return {device_number(device): device
+          for device in {*jax.devices(), *jax.devices("cpu")}}
+
+
+def device_by_number(number: int) -> Any:
+  """The jax.Device whose number is `number`."""
+  return _devices()[number]
+
+
+def local_devices_by_number() -> Dict[int, Any]:
+  """This process's devices (default backend and CPU), by number."""
+  process = jax.process_index()
+  return {number: device for number, device in _devices().items()
+          if device.process_index == process}
+
+
+def numbers(devices: List[Any]) -> List[int]:
+  return [device_number(device) for device in devices]

@@ -1,0 +1,436 @@
+// host_callback.receiver._native: the CPython extension module over the hub
+// (queues, pool, replies), the executions count and the direct runner. The
+// Python side is receiver/native_library.py (docs of each function) and
+// receiver/transport_native.py.
+//
+// Every function that waits or copies much releases the GIL meanwhile. C++
+// exceptions become Python exceptions: std::bad_alloc a MemoryError, any
+// other a RuntimeError.
+
+#define PY_SSIZE_T_CLEAN
+#include <Python.h>
+
+#define PY_ARRAY_UNIQUE_SYMBOL hcb_ARRAY_API
+#define NPY_NO_DEPRECATED_API NPY_1_7_API_VERSION
+#include <numpy/arrayobject.h>
+
+#include <cstdint>
+#include <exception>
+#include <new>
+#include <string>
+#include <vector>
+
+#include "executions.h"
+#include "ffi_handlers.h"
+#include "hub.h"
+#include "py_memory.h"
+#include "python_runner.h"
+
+namespace {
+
+// Bumped whenever a function's signature below changes (the module's
+// ABI_VERSION, which receiver/native_library.py checks).
+constexpr int kAbiVersion = 8;
+
+hcb::Hub& hub() { return hcb::Hub::Get(); }
+
+// Runs `body()`, which returns a new reference; a C++ exception becomes a
+// Python exception.
+template <typename Body>
+PyObject* Guard(Body body) noexcept {
+  try {
+    return body();
+  } catch (const std::bad_alloc&) {
+    return PyErr_NoMemory();
+  } catch (const std::exception& error) {
+    PyErr_SetString(PyExc_RuntimeError,
+                    (std::string("host_callback native: ") + error.what())
+                        .c_str());
+  } catch (...) {
+    PyErr_SetString(PyExc_RuntimeError,
+                    "host_callback native: an unknown C++ exception");
+  }
+  return nullptr;
+}
+
+// A list of Python ints as int64s; false with an exception set.
+bool Int64s(PyObject* list, std::vector<int64_t>* out) {
+  PyObject* sequence = PySequence_Fast(list, "expected a sequence of ints");
+  if (sequence == nullptr) return false;
+  const Py_ssize_t count = PySequence_Fast_GET_SIZE(sequence);
+  out->resize(static_cast<size_t>(count));
+  for (Py_ssize_t i = 0; i < count; ++i) {
+    (*out)[static_cast<size_t>(i)] =
+        PyLong_AsLongLong(PySequence_Fast_GET_ITEM(sequence, i));
+  }
+  Py_DECREF(sequence);
+  return !PyErr_Occurred();
+}
+
+// --- Hooks into Python, called by device threads -----------------------
+
+PyObject* restart_callable = nullptr;  // owned; guarded by the GIL
+
+// Hub's RestartHook: calls Python's restart function with the GIL.
+int Restart() {
+  PyGILState_STATE gil = PyGILState_Ensure();
+  int failed = 1;
+  if (restart_callable != nullptr) {
+    PyObject* result = PyObject_CallNoArgs(restart_callable);
+    failed = result == nullptr;
+    Py_XDECREF(result);
+    if (failed) PyErr_Clear();  // the device fails: "cannot start again"
+  }
+  PyGILState_Release(gil);
+  return failed;
+}
+
+PyObject* nested_callable = nullptr;  // owned; guarded by the GIL
+
+// Hub's NestedConsumer: calls Python's nested consumer with the GIL.
+int ConsumeNested(int64_t device_id) {
+  PyGILState_STATE gil = PyGILState_Ensure();
+  int failed = 1;
+  if (nested_callable != nullptr) {
+    PyObject* result = PyObject_CallFunction(nested_callable, "L",
+                                             static_cast<long long>(device_id));
+    failed = result == nullptr;
+    Py_XDECREF(result);
+    if (failed) {
+      PyErr_WriteUnraisable(nested_callable);  // logged; the device fails
+    }
+  }
+  PyGILState_Release(gil);
+  return failed;
+}
+
+// Hub's InterruptHook: Python's PyOS_InterruptOccurred, which on the main
+// thread reports (and clears) a pending Ctrl-C without running Python code.
+int InterruptOccurred() {
+  PyGILState_STATE gil = PyGILState_Ensure();
+  const int occurred = PyOS_InterruptOccurred();
+  PyGILState_Release(gil);
+  return occurred;
+}
+
+// Hub's Rearm (callable without the GIL).
+void Rearm() { PyErr_SetInterrupt(); }
+
+// --- Module functions ----------------------------------------------------
+
+PyObject* Executions(PyObject*, PyObject*) {
+  int64_t out[3];
+  hcb::Executions::Get().Read(out);
+  return Py_BuildValue("(LLL)", static_cast<long long>(out[0]),
+                       static_cast<long long>(out[1]),
+                       static_cast<long long>(out[2]));
+}
+
+PyObject* ResetExecutionsLowWater(PyObject*, PyObject*) {
+  hcb::Executions::Get().ResetLowWater();
+  Py_RETURN_NONE;
+}
+
+PyObject* ExecutionFailed(PyObject*, PyObject*) {
+  hcb::Executions::Get().End();
+  Py_RETURN_NONE;
+}
+
+PyObject* Attach(PyObject*, PyObject* args) {
+  long long max_bytes;
+  if (!PyArg_ParseTuple(args, "L", &max_bytes)) return nullptr;
+  hub().Attach(max_bytes);
+  Py_RETURN_NONE;
+}
+
+PyObject* Detach(PyObject*, PyObject*) { return PyBool_FromLong(hub().Detach()); }
+
+// Keeps `callable` in `*slot` and hands the hub `hook`, which calls it; or,
+// for None, hands the hub no hook and drops the callable.
+template <typename Hook>
+PyObject* SetPythonHook(PyObject* callable, PyObject** slot, Hook hook,
+                        void (hcb::Hub::*set)(Hook)) {
+  if (callable == Py_None) {
+    (hub().*set)(nullptr);
+    Py_CLEAR(*slot);
+  } else {
+    Py_INCREF(callable);
+    Py_XSETREF(*slot, callable);
+    (hub().*set)(hook);
+  }
+  Py_RETURN_NONE;
+}
+
+PyObject* SetRestartHook(PyObject*, PyObject* callable) {
+  return SetPythonHook(callable, &restart_callable, Restart,
+                       &hcb::Hub::SetRestartHook);
+}
+
+PyObject* SetNestedConsumer(PyObject*, PyObject* callable) {
+  return SetPythonHook(callable, &nested_callable, ConsumeNested,
+                       &hcb::Hub::SetNestedConsumer);
+}
+
+PyObject* WakeConsumers(PyObject*, PyObject*) {
+  hub().WakeConsumers();
+  Py_RETURN_NONE;
+}
+
+PyObject* SetDirectRunner(PyObject*, PyObject* args) {
+  PyObject *runner, *wire;
+  if (!PyArg_ParseTuple(args, "OO", &runner, &wire)) return nullptr;
+  if (runner == Py_None || wire == Py_None) {
+    hub().SetDirectRunner(nullptr);
+    hcb::python::SetRunner(nullptr, nullptr);
+  } else {
+    hcb::python::SetRunner(runner, wire);
+    hub().SetDirectRunner(hcb::python::Run);
+  }
+  Py_RETURN_NONE;
+}
+
+PyObject* SetInterruptThread(PyObject*, PyObject* args) {
+  unsigned long long main_thread;
+  if (!PyArg_ParseTuple(args, "K", &main_thread)) return nullptr;
+  if (main_thread == 0) {
+    hub().SetInterruptHook(nullptr, nullptr, 0);
+  } else {
+    hub().SetInterruptHook(InterruptOccurred, Rearm, main_thread);
+  }
+  Py_RETURN_NONE;
+}
+
+PyObject* RegisterSite(PyObject*, PyObject* args) {
+  long long site;
+  PyObject *sizes_list, *entry, *name, *dtypes, *shapes, *unpackers;
+  int copy, pack_results;
+  if (!PyArg_ParseTuple(args, "LOOUOOOpp", &site, &sizes_list, &entry, &name,
+                        &dtypes, &shapes, &unpackers, &copy, &pack_results)) {
+    return nullptr;
+  }
+  std::vector<int64_t> sizes;
+  if (!Int64s(sizes_list, &sizes)) return nullptr;
+  if (!hcb::python::RegisterSite(site, sizes, entry, name, dtypes, shapes,
+                                 unpackers, copy != 0, pack_results != 0)) {
+    return nullptr;
+  }
+  return Guard([&] {
+    hub().RegisterSite(site, sizes);
+    Py_RETURN_NONE;
+  });
+}
+
+PyObject* UnregisterSite(PyObject*, PyObject* arg) {
+  const long long site = PyLong_AsLongLong(arg);
+  if (PyErr_Occurred()) return nullptr;
+  hcb::python::UnregisterSite(site);
+  return PyBool_FromLong(hub().UnregisterSite(site));
+}
+
+PyObject* OpenDevice(PyObject*, PyObject* arg) {
+  const long long device_id = PyLong_AsLongLong(arg);
+  if (PyErr_Occurred()) return nullptr;
+  return Guard([&] {
+    hub().Queue(device_id);
+    Py_RETURN_NONE;
+  });
+}
+
+PyObject* Release(PyObject*, PyObject* args) {
+  long long device_id, packets, bytes;
+  if (!PyArg_ParseTuple(args, "LLL", &device_id, &packets, &bytes)) {
+    return nullptr;
+  }
+  return Guard([&] {
+    hub().Release(device_id, packets, bytes);
+    Py_RETURN_NONE;
+  });
+}
+
+PyObject* Take(PyObject*, PyObject* args) {
+  long long device_id, capacity, max_packets, released_packets, released_bytes;
+  double timeout_s;
+  unsigned long long dst, index;
+  if (!PyArg_ParseTuple(args, "LdKLKLLL", &device_id, &timeout_s, &dst,
+                        &capacity, &index, &max_packets, &released_packets,
+                        &released_bytes)) {
+    return nullptr;
+  }
+  return Guard([&]() -> PyObject* {
+    int64_t count = 0, needed = 0;
+    std::exception_ptr failure;
+    Py_BEGIN_ALLOW_THREADS
+    try {
+      if (released_packets > 0) {
+        hub().Release(device_id, released_packets, released_bytes);
+      }
+      count = hub().Take(device_id, timeout_s, reinterpret_cast<uint8_t*>(dst),
+                         capacity, reinterpret_cast<hcb::IndexEntry*>(index),
+                         max_packets, &needed);
+    } catch (...) {
+      failure = std::current_exception();
+    }
+    Py_END_ALLOW_THREADS
+    if (failure) std::rethrow_exception(failure);
+    return Py_BuildValue("(LL)", static_cast<long long>(count),
+                         static_cast<long long>(needed));
+  });
+}
+
+PyObject* WaitFinished(PyObject*, PyObject* args) {
+  long long device_id, target;
+  double timeout_s;
+  if (!PyArg_ParseTuple(args, "LLd", &device_id, &target, &timeout_s)) {
+    return nullptr;
+  }
+  return Guard([&]() -> PyObject* {
+    bool reached = false;
+    std::exception_ptr failure;
+    Py_BEGIN_ALLOW_THREADS
+    try {
+      reached = hub().WaitFinished(device_id, target, timeout_s);
+    } catch (...) {
+      failure = std::current_exception();
+    }
+    Py_END_ALLOW_THREADS
+    if (failure) std::rethrow_exception(failure);
+    return PyBool_FromLong(reached);
+  });
+}
+
+PyObject* Stats(PyObject*, PyObject* arg) {
+  const long long device_id = PyLong_AsLongLong(arg);
+  if (PyErr_Occurred()) return nullptr;
+  return Guard([&] {
+    hcb::DeviceQueue* queue = hub().Queue(device_id);
+    std::lock_guard<std::mutex> lock(queue->mu);
+    return Py_BuildValue("(LLLL)", static_cast<long long>(queue->bytes),
+                         static_cast<long long>(queue->enqueued -
+                                                queue->finished),
+                         static_cast<long long>(queue->high_water),
+                         static_cast<long long>(queue->enqueued));
+  });
+}
+
+PyObject* PoolStats(PyObject*, PyObject*) {
+  int64_t out[4];
+  hub().PoolStats(out);
+  return Py_BuildValue("(LLLL)", static_cast<long long>(out[0]),
+                       static_cast<long long>(out[1]),
+                       static_cast<long long>(out[2]),
+                       static_cast<long long>(out[3]));
+}
+
+PyObject* Reply(PyObject*, PyObject* args) {
+  long long request_id;
+  PyObject* arrays;
+  if (!PyArg_ParseTuple(args, "LO", &request_id, &arrays)) return nullptr;
+  PyObject* sequence = PySequence_Fast(arrays, "reply: expected a sequence");
+  if (sequence == nullptr) return nullptr;
+  const Py_ssize_t count = PySequence_Fast_GET_SIZE(sequence);
+  std::vector<Py_buffer> buffers;
+  buffers.reserve(static_cast<size_t>(count));
+  for (Py_ssize_t i = 0; i < count; ++i) {
+    Py_buffer buffer;
+    if (PyObject_GetBuffer(PySequence_Fast_GET_ITEM(sequence, i), &buffer,
+                           PyBUF_C_CONTIGUOUS) < 0) {
+      for (Py_buffer& taken : buffers) PyBuffer_Release(&taken);
+      Py_DECREF(sequence);
+      return nullptr;
+    }
+    buffers.push_back(buffer);
+  }
+  PyObject* outcome = Guard([&]() -> PyObject* {
+    std::vector<hcb::Span> results;
+    for (Py_buffer& buffer : buffers) {
+      results.push_back({buffer.buf, static_cast<int64_t>(buffer.len)});
+    }
+    hcb::ReplyOutcome delivered = hcb::ReplyOutcome::kNoWaiter;
+    std::exception_ptr failure;
+    Py_BEGIN_ALLOW_THREADS
+    try {
+      delivered = hub().Reply(request_id, results.data(), results.size());
+    } catch (...) {
+      failure = std::current_exception();
+    }
+    Py_END_ALLOW_THREADS
+    if (failure) std::rethrow_exception(failure);
+    return PyLong_FromLong(static_cast<long>(delivered));
+  });
+  for (Py_buffer& buffer : buffers) PyBuffer_Release(&buffer);
+  Py_DECREF(sequence);
+  return outcome;
+}
+
+PyObject* ReplyError(PyObject*, PyObject* args) {
+  long long request_id;
+  const char* message;
+  if (!PyArg_ParseTuple(args, "Ls", &request_id, &message)) return nullptr;
+  return Guard([&] {
+    return PyBool_FromLong(hub().ReplyError(request_id, message));
+  });
+}
+
+PyObject* Capsule(XLA_FFI_Error* (*handler)(XLA_FFI_CallFrame*)) {
+  return PyCapsule_New(reinterpret_cast<void*>(handler), nullptr, nullptr);
+}
+
+PyObject* FfiHandlers(PyObject*, PyObject*) {
+  return Py_BuildValue(
+      "{sNsNsNsNsN}", "host_callback_outfeed", Capsule(HcbOutfeed),
+      "host_callback_call", Capsule(HcbCall), "host_callback_tap_sync",
+      Capsule(HcbTapSync), "host_callback_begin", Capsule(HcbBegin),
+      "host_callback_end", Capsule(HcbEnd));
+}
+
+PyMethodDef methods[] = {
+    {"executions", Executions, METH_NOARGS, nullptr},
+    {"reset_executions_low_water", ResetExecutionsLowWater, METH_NOARGS,
+     nullptr},
+    {"execution_failed", ExecutionFailed, METH_NOARGS, nullptr},
+    {"attach", Attach, METH_VARARGS, nullptr},
+    {"detach", Detach, METH_NOARGS, nullptr},
+    {"set_restart_hook", SetRestartHook, METH_O, nullptr},
+    {"wake_consumers", WakeConsumers, METH_NOARGS, nullptr},
+    {"set_nested_consumer", SetNestedConsumer, METH_O, nullptr},
+    {"set_direct_runner", SetDirectRunner, METH_VARARGS, nullptr},
+    {"set_interrupt_thread", SetInterruptThread, METH_VARARGS, nullptr},
+    {"register_site", RegisterSite, METH_VARARGS, nullptr},
+    {"unregister_site", UnregisterSite, METH_O, nullptr},
+    {"open_device", OpenDevice, METH_O, nullptr},
+    {"release", Release, METH_VARARGS, nullptr},
+    {"take", Take, METH_VARARGS, nullptr},
+    {"wait_finished", WaitFinished, METH_VARARGS, nullptr},
+    {"stats", Stats, METH_O, nullptr},
+    {"pool_stats", PoolStats, METH_NOARGS, nullptr},
+    {"reply", Reply, METH_VARARGS, nullptr},
+    {"reply_error", ReplyError, METH_VARARGS, nullptr},
+    {"ffi_handlers", FfiHandlers, METH_NOARGS, nullptr},
+    {nullptr, nullptr, 0, nullptr},
+};
+
+PyModuleDef module_def = {
+    PyModuleDef_HEAD_INIT, "_native",
+    "The native core of host_callback's receiver (see "
+    "receiver/native_library.py).",
+    -1, methods,
+};
+
+}  // namespace
+
+PyMODINIT_FUNC PyInit__native() {
+  import_array();
+  if (!hcb::python::ReadyMemoryType()) return nullptr;
+  PyObject* module = PyModule_Create(&module_def);
+  if (module == nullptr) return nullptr;
+  Py_INCREF(&hcb::python::MemoryType);
+  if (PyModule_AddObject(module, "Memory",
+                         reinterpret_cast<PyObject*>(
+                             &hcb::python::MemoryType)) < 0 ||
+      PyModule_AddIntConstant(module, "ABI_VERSION", kAbiVersion) < 0) {
+    Py_DECREF(&hcb::python::MemoryType);
+    Py_DECREF(module);
+    return nullptr;
+  }
+  return module;
+}

@@ -1,0 +1,453 @@
+// The direct runner: see python_runner.h.
+
+#include "python_runner.h"
+
+#define PY_ARRAY_UNIQUE_SYMBOL hcb_ARRAY_API
+#define NO_IMPORT_ARRAY
+#define NPY_NO_DEPRECATED_API NPY_1_7_API_VERSION
+#include <numpy/arrayobject.h>
+
+#include <cstring>
+#include <memory>
+#include <new>
+#include <unordered_map>
+#include <utility>
+#include <vector>
+
+#include "py_memory.h"
+
+namespace hcb::python {
+namespace {
+
+// One array of a site's packets.
+struct Column {
+  PyArray_Descr* descr = nullptr;  // owned reference
+  std::vector<npy_intp> dims;
+  int64_t nbytes = 0;              // as the device stores it (packed)
+  PyObject* unpack = nullptr;      // owned reference, for a sub-byte dtype
+};
+
+struct Site {
+  PyObject* entry = nullptr;       // owned reference
+  PyObject* name = nullptr;        // owned reference: the host function's
+  std::vector<Column> columns;
+  bool copy = true;
+  bool pack_results = false;
+
+  Site() = default;
+  Site(const Site&) = delete;
+  Site& operator=(const Site&) = delete;
+  ~Site() {
+    Py_XDECREF(entry);
+    Py_XDECREF(name);
+    for (Column& column : columns) {
+      Py_XDECREF(column.descr);
+      Py_XDECREF(column.unpack);
+    }
+  }
+};
+
+// Guarded by the GIL. A run holds its site by shared_ptr: the host function
+// may register or free sites (it may compile JAX code) while it runs.
+std::unordered_map<int64_t, std::shared_ptr<Site>>* sites =
+    new std::unordered_map<int64_t, std::shared_ptr<Site>>();
+PyObject* runner = nullptr;  // owned references, or null
+PyObject* wire = nullptr;
+
+// Arguments of a large request are copied into one block of the hub's pool
+// (memory already touched: no page faults), as large packets are.
+constexpr int64_t kAlignBytes = 64;
+
+int64_t AlignUp64(int64_t n) {
+  return (n + kAlignBytes - 1) / kAlignBytes * kAlignBytes;
+}
+
+// A Python exception's text, as the device reports it: a message of ours
+// (DirectRunError's names the host function) as it is, another one prefixed
+// by its type.
+std::string Describe(PyObject* value) {
+  std::string text = "host_callback: a host function failed";
+  if (value == nullptr) return text;
+  PyObject* str = PyObject_Str(value);
+  if (str == nullptr) {
+    PyErr_Clear();
+    return text;
+  }
+  const char* utf8 = PyUnicode_AsUTF8(str);
+  if (utf8 == nullptr) {
+    PyErr_Clear();
+  } else if (std::strncmp(utf8, "host_callback", 13) == 0) {
+    text = utf8;
+  } else {
+    text = std::string(Py_TYPE(value)->tp_name) + ": " + utf8;
+  }
+  Py_DECREF(str);
+  return text;
+}
+
+// Whether the raised `value` is, or wraps (DirectRunError.error), a
+// KeyboardInterrupt.
+bool IsInterrupt(PyObject* value) {
+  if (value == nullptr) return false;
+  if (PyErr_GivenExceptionMatches(value, PyExc_KeyboardInterrupt)) return true;
+  PyObject* cause = PyObject_GetAttrString(value, "error");
+  if (cause == nullptr) {
+    PyErr_Clear();
+    return false;
+  }
+  const bool interrupt =
+      PyErr_GivenExceptionMatches(cause, PyExc_KeyboardInterrupt) != 0;
+  Py_DECREF(cause);
+  return interrupt;
+}
+
+// Takes the pending Python exception: its description, and whether it is an
+// interrupt.
+DirectOutcome TakeException(std::string* error) {
+  PyObject *type, *value, *traceback;
+  PyErr_Fetch(&type, &value, &traceback);
+  PyErr_NormalizeException(&type, &value, &traceback);
+  *error = Describe(value);
+  const bool interrupt = IsInterrupt(value);
+  Py_XDECREF(type);
+  Py_XDECREF(value);
+  Py_XDECREF(traceback);
+  return interrupt ? DirectOutcome::kInterrupted : DirectOutcome::kFailed;
+}
+
+PyObject* NewArray(const Column& column, void* data, int flags,
+                   PyObject* base) {
+  Py_INCREF(column.descr);  // PyArray_NewFromDescr steals it
+  PyObject* array = PyArray_NewFromDescr(
+      &PyArray_Type, column.descr, static_cast<int>(column.dims.size()),
+      const_cast<npy_intp*>(column.dims.data()), nullptr, data, flags,
+      nullptr);
+  if (array != nullptr && base != nullptr) {
+    Py_INCREF(base);  // PyArray_SetBaseObject steals it
+    if (PyArray_SetBaseObject(reinterpret_cast<PyArrayObject*>(array), base) <
+        0) {
+      Py_DECREF(array);
+      return nullptr;
+    }
+  }
+  return array;
+}
+
+// A new array owning a copy of `bytes` at `data`, one element per byte for
+// a sub-byte dtype.
+PyObject* CopiedArray(const Column& column, const void* data) {
+  if (column.unpack != nullptr) {
+    npy_intp size = column.nbytes;
+    PyObject* packed = PyArray_SimpleNew(1, &size, NPY_UINT8);
+    if (packed == nullptr) return nullptr;
+    if (size > 0) {
+      std::memcpy(PyArray_DATA(reinterpret_cast<PyArrayObject*>(packed)), data,
+                  column.nbytes);
+    }
+    PyObject* array = PyObject_CallOneArg(column.unpack, packed);
+    Py_DECREF(packed);
+    return array;
+  }
+  PyObject* array = NewArray(column, nullptr, 0, nullptr);
+  if (array != nullptr && column.nbytes > 0) {
+    std::memcpy(PyArray_DATA(reinterpret_cast<PyArrayObject*>(array)), data,
+                column.nbytes);
+  }
+  return array;
+}
+
+// The host function's arguments as a tuple; `views` gets a reference to
+// each view of a device buffer (copy=False), to check after the run.
+PyObject* Arguments(const Site& site, const DirectRequest& request,
+                    std::vector<PyObject*>* views) {
+  const size_t count = site.columns.size();
+  PyObject* args = PyTuple_New(static_cast<Py_ssize_t>(count));
+  if (args == nullptr) return nullptr;
+  int64_t total = 0;
+  for (const Column& column : site.columns) total += AlignUp64(column.nbytes);
+  PyObject* memory = nullptr;  // a large request's block, which it owns
+  uint8_t* into = nullptr;     // where the next array goes in the block
+  if (site.copy && total >= kLargePacket) {
+    Block* block;
+    try {
+      block = Hub::Get().AcquireBlock(total);
+    } catch (const std::bad_alloc&) {
+      Py_DECREF(args);
+      return PyErr_NoMemory();
+    }
+    into = block->data;
+    memory = NewMemory(block->data, static_cast<Py_ssize_t>(total), block,
+                       nullptr);
+    if (memory == nullptr) {
+      Py_DECREF(args);
+      return nullptr;
+    }
+  }
+  for (size_t i = 0; i < count; ++i) {
+    const Column& column = site.columns[i];
+    void* data = request.args[i].data;
+    PyObject* array;
+    if (column.unpack != nullptr || (site.copy && memory == nullptr)) {
+      array = CopiedArray(column, data);
+    } else if (memory != nullptr) {
+      if (column.nbytes > 0) std::memcpy(into, data, column.nbytes);
+      array = NewArray(column, into, NPY_ARRAY_CARRAY, memory);
+      into += AlignUp64(column.nbytes);
+    } else {
+      array = NewArray(column, data, NPY_ARRAY_CARRAY_RO, nullptr);
+      if (array != nullptr) {
+        // An empty buffer may have no data: NumPy then allocated, writable.
+        PyArray_CLEARFLAGS(reinterpret_cast<PyArrayObject*>(array),
+                           NPY_ARRAY_WRITEABLE);
+        Py_INCREF(array);
+        views->push_back(array);
+      }
+    }
+    if (array == nullptr) {
+      Py_XDECREF(memory);
+      Py_DECREF(args);
+      return nullptr;
+    }
+    PyTuple_SET_ITEM(args, static_cast<Py_ssize_t>(i), array);
+  }
+  Py_XDECREF(memory);  // the arrays hold it
+  return args;
+}
+
+// Writes the results into the device's buffers; false with `error` set when
+// they do not fit.
+bool WriteResults(const Site& site, PyObject* results,
+                  const DirectRequest& request, std::string* error) {
+  PyObject* sequence =
+      PySequence_Fast(results, "host_callback: a call's results");
+  if (sequence == nullptr) return false;
+  const Py_ssize_t count = PySequence_Fast_GET_SIZE(sequence);
+  std::vector<Py_buffer> buffers;
+  buffers.reserve(static_cast<size_t>(count));
+  bool ok = true;
+  for (Py_ssize_t i = 0; ok && i < count; ++i) {
+    PyObject* item = PySequence_Fast_GET_ITEM(sequence, i);
+    PyObject* wired = nullptr;
+    if (site.pack_results) {
+      wired = PyObject_CallOneArg(wire, item);
+      item = wired;
+    }
+    Py_buffer buffer;
+    if (item == nullptr) {
+      ok = false;
+    } else if (PyObject_GetBuffer(item, &buffer, PyBUF_C_CONTIGUOUS) < 0) {
+      PyErr_Clear();  // e.g. not contiguous: let `wire` make it so
+      PyObject* contiguous = PyObject_CallOneArg(wire, item);
+      ok = contiguous != nullptr &&
+           PyObject_GetBuffer(contiguous, &buffer, PyBUF_C_CONTIGUOUS) == 0;
+      Py_XDECREF(contiguous);  // the buffer holds it
+    }
+    Py_XDECREF(wired);
+    if (ok) buffers.push_back(buffer);
+  }
+  if (ok) {
+    bool same = static_cast<size_t>(count) == request.num_outputs;
+    for (size_t i = 0; same && i < buffers.size(); ++i) {
+      same = buffers[i].len == request.outputs[i].bytes;
+    }
+    if (!same) {
+      std::string sizes = "[", expected = "[";
+      for (size_t i = 0; i < buffers.size(); ++i) {
+        sizes += (i ? ", " : "") + std::to_string(buffers[i].len);
+      }
+      for (size_t i = 0; i < request.num_outputs; ++i) {
+        expected += (i ? ", " : "") + std::to_string(request.outputs[i].bytes);
+      }
+      *error = "host_callback: the host's result for a call has arrays of " +
+               sizes + "] bytes where the device expects " + expected + "]";
+      ok = false;
+    } else {
+      Py_BEGIN_ALLOW_THREADS
+      for (size_t i = 0; i < buffers.size(); ++i) {
+        if (buffers[i].len > 0) {
+          std::memcpy(request.outputs[i].data, buffers[i].buf,
+                      static_cast<size_t>(buffers[i].len));
+        }
+      }
+      Py_END_ALLOW_THREADS
+    }
+  }
+  for (Py_buffer& buffer : buffers) PyBuffer_Release(&buffer);
+  Py_DECREF(sequence);
+  if (!ok && error->empty()) TakeException(error);
+  return ok;
+}
+
+// Gives a view that the host function kept a private copy of its data, so
+// that reading it later reads what it showed (the device's buffer may be
+// freed or reused once the op returns).
+bool Detach(PyObject* view) {
+  auto* array = reinterpret_cast<PyArrayObject*>(view);
+  PyObject* copy = PyArray_NewCopy(array, NPY_CORDER);
+  if (copy == nullptr) return false;
+  auto* fields = reinterpret_cast<PyArrayObject_fields*>(array);
+  fields->data = PyArray_BYTES(reinterpret_cast<PyArrayObject*>(copy));
+  PyObject* old_base = fields->base;
+  fields->base = copy;
+  Py_XDECREF(old_base);
+  return true;
+}
+
+// Checks the views of device buffers once the run is over: one still
+// referenced was kept by the host function (or something it made). It gets
+// a copy of its data; `kept` tells whether any was.
+void CheckViews(std::vector<PyObject*>* views, bool* kept) {
+  *kept = false;
+  for (PyObject* view : *views) {
+    if (Py_REFCNT(view) > 1) {
+      *kept = true;
+      if (!Detach(view)) PyErr_Clear();
+    }
+    Py_DECREF(view);
+  }
+  views->clear();
+}
+
+std::string KeptMessage(const Site& site) {
+  const char* name = site.name != nullptr ? PyUnicode_AsUTF8(site.name) : "";
+  if (name == nullptr) {
+    PyErr_Clear();
+    name = "";
+  }
+  return std::string("host_callback: the host function ") + name +
+         " kept an argument it got with copy=False (a read-only view of the "
+         "device's buffer, valid only until the function returns), so its "
+         "computation fails. Keep a copy instead, e.g. np.array(a), or drop "
+         "copy=False";
+}
+
+DirectOutcome RunWithGil(const DirectRequest& request, std::string* error) {
+  if (runner == nullptr) return DirectOutcome::kDeclined;
+  auto it = sites->find(request.site);
+  if (it == sites->end()) return DirectOutcome::kDeclined;
+  std::shared_ptr<Site> site = it->second;
+  if (site->columns.size() != request.num_args) return DirectOutcome::kDeclined;
+  for (size_t i = 0; i < request.num_args; ++i) {
+    if (site->columns[i].nbytes != request.args[i].bytes) {
+      return DirectOutcome::kDeclined;  // the queue's decoder reports it
+    }
+  }
+  // A Ctrl-C that arrived while the device ran belongs to this computation.
+  if (PyErr_CheckSignals() < 0) return TakeException(error);
+  std::vector<PyObject*> views;
+  PyObject* args = Arguments(*site, request, &views);
+  if (args == nullptr) {
+    bool kept;
+    CheckViews(&views, &kept);
+    return TakeException(error);
+  }
+  PyObject* device_id = PyLong_FromLongLong(request.device_id);
+  PyObject* results =
+      device_id == nullptr
+          ? nullptr
+          : PyObject_CallFunctionObjArgs(runner, site->entry, device_id, args,
+                                         nullptr);
+  Py_XDECREF(device_id);
+  Py_DECREF(args);
+  DirectOutcome outcome = DirectOutcome::kDone;
+  if (results == nullptr) {
+    outcome = TakeException(error);  // drops the traceback, and its frames
+  } else {
+    // A tap's results (none) are not looked at.
+    if (request.num_outputs > 0 &&
+        !WriteResults(*site, results, request, error)) {
+      outcome = DirectOutcome::kFailed;
+    }
+    Py_DECREF(results);
+  }
+  bool kept;
+  CheckViews(&views, &kept);
+  if (kept && outcome == DirectOutcome::kDone) {
+    *error = KeptMessage(*site);
+    outcome = DirectOutcome::kFailed;
+  }
+  return outcome;
+}
+
+}  // namespace
+
+void SetRunner(PyObject* new_runner, PyObject* new_wire) {
+  Py_XINCREF(new_runner);
+  Py_XINCREF(new_wire);
+  Py_XSETREF(runner, new_runner);
+  Py_XSETREF(wire, new_wire);
+}
+
+bool RegisterSite(int64_t site_id, const std::vector<int64_t>& sizes,
+                  PyObject* entry, PyObject* name, PyObject* dtypes,
+                  PyObject* shapes, PyObject* unpackers, bool copy,
+                  bool pack_results) {
+  auto site = std::make_shared<Site>();
+  Py_INCREF(entry);
+  site->entry = entry;
+  Py_INCREF(name);
+  site->name = name;
+  site->copy = copy;
+  site->pack_results = pack_results;
+  const Py_ssize_t count = PySequence_Size(dtypes);
+  if (count < 0 || PySequence_Size(shapes) != count ||
+      PySequence_Size(unpackers) != count ||
+      static_cast<size_t>(count) != sizes.size()) {
+    PyErr_SetString(PyExc_ValueError,
+                    "register_site: sizes, dtypes, shapes and unpackers "
+                    "differ in length");
+    return false;
+  }
+  site->columns.resize(static_cast<size_t>(count));
+  for (Py_ssize_t i = 0; i < count; ++i) {
+    Column& column = site->columns[static_cast<size_t>(i)];
+    PyObject* dtype = PySequence_GetItem(dtypes, i);
+    PyObject* shape = PySequence_GetItem(shapes, i);
+    PyObject* unpack = PySequence_GetItem(unpackers, i);
+    bool ok = dtype != nullptr && shape != nullptr && unpack != nullptr &&
+              PyArray_DescrConverter(dtype, &column.descr) == NPY_SUCCEED;
+    column.nbytes = sizes[static_cast<size_t>(i)];
+    const Py_ssize_t ndim = ok ? PySequence_Size(shape) : -1;
+    ok = ok && ndim >= 0;
+    for (Py_ssize_t d = 0; ok && d < ndim; ++d) {
+      PyObject* extent = PySequence_GetItem(shape, d);
+      const long long value =
+          extent == nullptr ? -1 : PyLong_AsLongLong(extent);
+      Py_XDECREF(extent);
+      ok = value >= 0 && !PyErr_Occurred();
+      column.dims.push_back(static_cast<npy_intp>(value));
+    }
+    if (ok && unpack != Py_None) {
+      Py_INCREF(unpack);
+      column.unpack = unpack;
+    }
+    Py_XDECREF(dtype);
+    Py_XDECREF(shape);
+    Py_XDECREF(unpack);
+    if (!ok) {
+      if (!PyErr_Occurred()) {
+        PyErr_SetString(PyExc_ValueError, "register_site: a bad shape");
+      }
+      return false;
+    }
+  }
+  (*sites)[site_id] = std::move(site);
+  return true;
+}
+
+void UnregisterSite(int64_t site_id) {
+  auto it = sites->find(site_id);
+  if (it == sites->end()) return;
+  std::shared_ptr<Site> site = std::move(it->second);
+  sites->erase(it);
+  // `site` dies here (or after the run that holds it), with the GIL held.
+}
+
+DirectOutcome Run(const DirectRequest& request, std::string* error) {
+  PyGILState_STATE gil = PyGILState_Ensure();
+  DirectOutcome outcome = RunWithGil(request, error);
+  PyGILState_Release(gil);
+  return outcome;
+}
+
+}  // namespace hcb::python

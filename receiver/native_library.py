@@ -1,0 +1,81 @@
+"""The Python face of the native extension module, `_native` (C++ in
+`receiver/native/`): whether it is built, what it hands to XLA, and the
+functions of it that other modules use.
+
+The module (`native/module.cc`) wraps the hub of device queues
+(`native/hub.h`), the count of executions in flight (`native/executions.h`),
+the direct runner that calls host functions from the device thread
+(`native/python_runner.h`) and `Memory`, the owner of memory lent to host
+functions. Its functions raise `MemoryError` or `RuntimeError` when the C++
+side fails, and release the GIL while they wait or copy much.
+"""
+
+from __future__ import annotations
+
+from types import ModuleType
+from typing import Any, Dict, Optional, Tuple
+
+ABI_VERSION = 8
+# Names of the FFI targets, as registered with XLA by the JAX side.
+OUTFEED_TARGET = "host_callback_outfeed"
+CALL_TARGET = "host_callback_call"
+TAP_SYNC_TARGET = "host_callback_tap_sync"
+BEGIN_TARGET = "host_callback_begin"
+END_TARGET = "host_callback_end"
+
+
+def _load() -> Optional[ModuleType]:
+  try:
+    from . import _native  # pylint: disable=import-outside-toplevel
+  except ImportError:
+    return None  # not built: the Python transport serves alone
+  if getattr(_native, "ABI_VERSION", None) != ABI_VERSION:
+    raise ImportError(
+        f"host_callback: the native module {_native.__file__} is stale (ABI "
+        f"{getattr(_native, 'ABI_VERSION', '?')}, expected {ABI_VERSION}); "
+        "reinstall host-callback to rebuild it")
+  return _native
+
+
+native: Any = _load()  # the extension module, or None
+
+
+def available() -> bool:
+  """Whether the native module was built and loads."""
+  return native is not None
+
+
+def ffi_handlers() -> Dict[str, Any]:
+  """The FFI handlers by target name, as PyCapsules for
+  `jax.ffi.register_ffi_target`."""
+  assert native is not None, "the native transport is not built"
+  return native.ffi_handlers()
+
+
+# --- Executions in flight (see native/executions.h) ----------------------
+
+def executions() -> Tuple[int, int, int]:
+  """Executions of our computations begun ever, in flight now, and the
+  fewest in flight right after one ended since the last
+  `reset_executions_low_water` (a huge number when none ended)."""
+  assert native is not None, "the native transport is not built"
+  return native.executions()
+
+
+def reset_executions_low_water() -> None:
+  assert native is not None, "the native transport is not built"
+  native.reset_executions_low_water()
+
+
+def execution_failed() -> None:
+  """An execution stopped at one of our Python callbacks, which raised."""
+  assert native is not None, "the native transport is not built"
+  native.execution_failed()
+
+
+def pool_stats() -> Dict[str, int]:
+  """The native block pool: free bytes and blocks, blocks out of the pool
+  (queued or viewed by arrays) and bytes mapped in all."""
+  assert native is not None, "the native transport is not built"
+  return dict(zip(("free_bytes", "free_blocks", "blocks_out", "mapped_bytes"),
+                  native.pool_stats()))

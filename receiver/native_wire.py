@@ -1,0 +1,179 @@
+"""The native transport's wire format, and its callback sites.
+
+A packet is a 64-byte header (`native/hub.h:PacketHeader`) followed by its
+arrays, each starting at a multiple of 16 bytes. It carries a site id
+instead of shapes: `register_site` records, at lowering time, the consumer
+and the array layout of each callback site, here and in the extension
+module (as byte sizes, which the device's arrays must have, and as the
+dtypes and shapes the direct runner builds arrays of).
+
+An array takes its XLA size: sub-byte dtypes (int4, uint4, int2, uint2,
+float4_e2m1fn) are packed, several elements to a byte with the first in the
+lowest bits; host functions get them one element per byte, as NumPy
+(ml_dtypes) stores them, and a call's results are packed again for the
+device.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import functools
+import itertools
+import threading
+from typing import Any, Dict, Optional, Sequence, Tuple
+
+import numpy as np
+
+from .native_library import native
+
+HEADER_BYTES = 64
+_ALIGN = 16
+
+
+def _align(n: int) -> int:
+  return (n + _ALIGN - 1) // _ALIGN * _ALIGN
+
+
+def packed_bits(dtype: np.dtype) -> Optional[int]:
+  """The bits per element of a dtype XLA packs below a byte, else None."""
+  if dtype.itemsize != 1 or dtype.type.__module__ != "ml_dtypes":
+    return None
+  import ml_dtypes  # pylint: disable=import-outside-toplevel
+  try:
+    bits = ml_dtypes.iinfo(dtype).bits
+  except ValueError:
+    bits = ml_dtypes.finfo(dtype).bits
+  return bits if bits in (1, 2, 4) else None
+
+
+def unpack(packed: np.ndarray, dtype: np.dtype, shape: Tuple[int, ...],
+           bits: int) -> np.ndarray:
+  """A new array of `shape` from XLA's packed bytes, one element per byte."""
+  shifts = np.arange(0, 8, bits, dtype=np.uint8)
+  codes = (packed.reshape(-1, 1) >> shifts) & np.uint8((1 << bits) - 1)
+  size = int(np.prod(shape, dtype=np.int64))
+  return codes.reshape(-1)[:size].view(dtype).reshape(shape)
+
+
+def _pack(array: np.ndarray, bits: int) -> np.ndarray:
+  """XLA's packed bytes of `array` (a sub-byte dtype, one element per byte)."""
+  per_byte = 8 // bits
+  codes = np.ascontiguousarray(array).reshape(-1).view(np.uint8)
+  codes = np.pad(codes & np.uint8((1 << bits) - 1),
+                 (0, -codes.size % per_byte)).reshape(-1, per_byte)
+  shifts = np.arange(0, 8, bits, dtype=np.uint8)
+  return np.bitwise_or.reduce(codes << shifts, axis=1).astype(np.uint8)
+
+
+def wire_array(array: Any) -> np.ndarray:
+  """A result as the device stores it, C-contiguous: the array itself when
+  it already is (so that it is copied once, into the device's buffer), else
+  a packed or contiguous copy."""
+  array = np.asarray(array)
+  bits = packed_bits(array.dtype)
+  if bits is not None:
+    return _pack(array, bits)
+  return array if array.flags.c_contiguous else np.ascontiguousarray(array)
+
+
+@dataclasses.dataclass(frozen=True)
+class Column:
+  """Where one array of a site's packets lies, and what it is.
+
+  `packed_bits` is set for a sub-byte dtype, whose `nbytes` are packed.
+  """
+  offset: int
+  dtype: np.dtype
+  shape: Tuple[int, ...]
+  strides: Tuple[int, ...]
+  nbytes: int
+  packed_bits: Optional[int]
+
+  def array(self, data: np.ndarray, offset: int) -> np.ndarray:
+    """The column's array in the packet at `offset` of `data`: a view, or a
+    new unpacked array for a sub-byte dtype."""
+    if self.packed_bits is None:
+      return np.ndarray(self.shape, self.dtype, data, offset + self.offset)
+    start = offset + self.offset
+    return unpack(data[start:start + self.nbytes], self.dtype, self.shape,
+                  self.packed_bits)
+
+  def unpacker(self) -> Optional[Any]:
+    """For the direct runner: a function from the packed bytes (a uint8
+    array) to the array, for a sub-byte dtype; None for the others."""
+    if self.packed_bits is None:
+      return None
+    return functools.partial(unpack, dtype=self.dtype, shape=self.shape,
+                             bits=self.packed_bits)
+
+
+def _column(offset: int, dtype: np.dtype, shape: Tuple[int, ...]) -> Column:
+  size = int(np.prod(shape, dtype=np.int64))
+  strides = tuple(int(np.prod(shape[i + 1:], dtype=np.int64)) * dtype.itemsize
+                  for i in range(len(shape)))
+  bits = packed_bits(dtype)
+  nbytes = dtype.itemsize * size if bits is None else -(-size * bits // 8)
+  return Column(offset, dtype, shape, strides, nbytes, bits)
+
+
+@dataclasses.dataclass(frozen=True)
+class Site:
+  """A callback site: its consumer, its arrays and its packets' size.
+  `read_only`: its host function asked for `copy=False`."""
+  consumer_id: int
+  columns: Tuple[Column, ...]
+  packet_bytes: int
+  read_only: bool
+
+
+_sites_lock = threading.Lock()  # guards the three tables below
+sites: Dict[int, Site] = {}
+_site_ids: Dict[tuple, int] = {}
+_next_site_id = itertools.count()
+
+
+def register_site(consumer_id: int, dtypes: Sequence[np.dtype],
+                  shapes: Sequence[Tuple[int, ...]], *, name: str,
+                  copy: bool, result_dtypes: Sequence[np.dtype]) -> int:
+  """The id to put in the packets of a callback site.
+
+  The site's packets carry arrays of these dtypes and shapes, for the
+  consumer `consumer_id` (of the host function `name`, which asked for
+  copies or not, and whose results, for a call, have `result_dtypes`). Ids
+  are never reused.
+  """
+  assert native is not None, "the native transport is not built"
+  key = (consumer_id, tuple(np.dtype(d) for d in dtypes),
+         tuple(tuple(s) for s in shapes))
+  with _sites_lock:
+    site_id = _site_ids.get(key)
+    if site_id is not None:
+      return site_id
+    columns, offset = [], HEADER_BYTES
+    for dtype, shape in zip(key[1], key[2]):
+      columns.append(_column(offset, dtype, shape))
+      offset += _align(columns[-1].nbytes)
+    site_id = next(_next_site_id)
+    pack_results = any(packed_bits(np.dtype(d)) is not None
+                       for d in result_dtypes)
+    native.register_site(
+        site_id, [c.nbytes for c in columns], consumer_id, name,
+        [c.dtype for c in columns], [c.shape for c in columns],
+        [c.unpacker() for c in columns], copy, pack_results)
+    _site_ids[key] = site_id
+    sites[site_id] = Site(consumer_id, tuple(columns), offset, not copy)
+    return site_id
+
+
+def unregister_site(site_id: int) -> None:
+  """Frees a site; a device that sends to it from now on fails, and its
+  packets still queued are dropped with an error."""
+  assert native is not None
+  with _sites_lock:
+    site = sites.pop(site_id, None)
+    if site is None:
+      return
+    key = (site.consumer_id, tuple(c.dtype for c in site.columns),
+           tuple(c.shape for c in site.columns))
+    del _site_ids[key]
+    native.unregister_site(site_id)

@@ -1,0 +1,70 @@
+"""A KeyboardInterrupt fails only the computation whose host function it
+stopped, and reaches only the thread that waits on it (each case in a fresh
+interpreter, so that a stray interrupt cannot hit the test run)."""
+
+from helpers import run_python
+
+
+def test_interrupt_in_a_worker_threads_tap_stays_in_that_thread(transport):
+  done = run_python("""
+      import threading, time, jax, host_callback as hcb
+      jax.config.update("jax_host_callback_outfeed", False)
+
+      def tap(a, t):
+        raise KeyboardInterrupt
+
+      failures = []
+      def work():
+        try:
+          jax.jit(lambda v: hcb.id_tap(tap, v))(1.0)
+        except BaseException as error:  # what the worker's caller sees
+          failures.append(error)
+
+      worker = threading.Thread(target=work)
+      worker.start()
+      worker.join()
+      time.sleep(1)  # an interrupt sent to this thread would land here
+      print("worker failed:", "KeyboardInterrupt" in repr(failures) or
+            "KeyboardInterrupt" in str(failures[0]))
+      print("main thread: not interrupted")
+      """, transport=transport, timeout=120)
+  assert "worker failed: True" in done.stdout, done.stderr
+  assert "main thread: not interrupted" in done.stdout, done.stderr
+
+
+def test_ctrl_c_stops_a_synchronous_scan_of_slow_taps(transport):
+  """Ctrl-C sent while the main thread runs a scan of 200 taps of 50 ms
+  stops it (taps stop well before the 200th), and reaches the main thread.
+  Repeated, as a lost interrupt was a race."""
+  done = run_python("""
+      import os, signal, threading, time, jax, host_callback as hcb
+      jax.config.update("jax_host_callback_outfeed", False)
+      ran = []
+
+      def slow(a, t):
+        ran.append(1)
+        time.sleep(0.05)
+
+      f = jax.jit(lambda x: jax.lax.scan(
+          lambda c, _: (hcb.id_tap(slow, c) + 1, None), x, None,
+          length=200)[0])
+      f.lower(0.0).compile()
+      for attempt in range(3):
+        ran.clear()
+        threading.Timer(0.3, os.kill, (os.getpid(), signal.SIGINT)).start()
+        try:
+          try:
+            f(0.0)
+          finally:
+            time.sleep(0.2)  # a re-armed interrupt lands by then
+        except KeyboardInterrupt:
+          print("interrupted after", len(ran), "taps")
+        except Exception as error:  # a runtime error chaining it
+          assert "KeyboardInterrupt" in str(error), error
+          print("interrupted after", len(ran), "taps")
+      """, env={"JAX_HOST_CALLBACK_OUTFEED": "0"}, transport=transport,
+      timeout=120)
+  lines = [line for line in done.stdout.splitlines()
+           if line.startswith("interrupted after")]
+  assert len(lines) == 3, (done.stdout, done.stderr)
+  assert all(int(line.split()[2]) < 150 for line in lines), done.stdout
