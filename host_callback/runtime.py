@@ -10,6 +10,7 @@ import weakref
 from typing import (Any, Callable, Dict, List, Optional, Sequence, Set, Tuple,
                     Union)
 
+import jax
 import numpy as np
 
 from . import settings
@@ -167,7 +168,14 @@ def run_eager(function: HostFunction, transforms: Transforms,
   if not _runtime.idle(number):
     return NotImplemented  # the eager op queues behind those packets
   consumer = make_consumer(function, transforms, device_by_number)
-  return _runtime.run_here(consumer, _context(function), number, list(arrays))
+  try:
+    return _runtime.run_here(consumer, _context(function), number,
+                             list(arrays))
+  except Exception as error:  # pylint: disable=broad-except
+    # What the compiled op's caller gets: JAX's error for a failed
+    # computation, with the device's message, chained to the cause.
+    raised = jax.errors.JaxRuntimeError(f"INTERNAL: {error}")
+    raise raised from (error.__cause__ or error)
 
 
 def drop_ticket(ticket: int) -> None:
