@@ -239,7 +239,8 @@ def test_eager_taps_keep_their_place_among_jitted_ones(both_modes):
   assert log == [v for i in range(0, 8, 2) for v in (i, ("eager", i + 1))]
 
 
-def test_synchronous_eager_tap_waits_behind_taps_queued_on_its_device():
+def test_synchronous_eager_tap_waits_behind_taps_queued_on_its_device(
+    outfeed_mode):
   """The device is busy: the eager tap is queued after what it sent."""
   release, log = threading.Event(), []
 
@@ -249,7 +250,7 @@ def test_synchronous_eager_tap_waits_behind_taps_queued_on_its_device():
     log.append(int(arg))
 
   f = jax.jit(lambda v: hcb.id_tap(slow, v))
-  for i in range(3):  # the outfeed mode (conftest): queued
+  for i in range(3):  # the outfeed mode: queued
     f(jnp.int32(i))
   jax.config.update("jax_host_callback_outfeed", False)
   threading.Timer(0.2, release.set).start()
