@@ -108,9 +108,8 @@ class CallError(RuntimeError):
 
 def unpack_transforms(transforms: Transforms) -> Tuple[Tuple[Any, ...], ...]:
   """The `transforms` argument a tap function receives, as the original's:
-  `(name, params)`, or `(name,)` for an entry without params."""
-  return tuple((name, dict(params)) if params else (name,)
-               for name, params in transforms)
+  `(name, params)` entries, params a dict, empty for "transpose"."""
+  return tuple((name, dict(params)) for name, params in transforms)
 
 
 def _describe(dtype: Any, shape: Sequence[int]) -> str:

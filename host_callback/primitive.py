@@ -151,7 +151,7 @@ def _transpose(cotangents, *operands, function: HostFunction, num_args: int,
                device_index: int, transforms: Transforms):
   """As the original: a tap applied to linear values (e.g. tangents inside a
   custom_jvp rule) sends the cotangents of all its operands, with
-  ("transpose",) appended to `transforms`, and passes them through."""
+  ("transpose", {}) appended to `transforms`, and passes them through."""
   if function.is_call:
     raise NotImplementedError("host_callback.call cannot be transposed")
   cotangents = [ad.instantiate_zeros(ct) for ct in cotangents]
