@@ -278,6 +278,23 @@ def _warn_if_shape_like(result_shape: Any) -> None:
         f"jax.ShapeDtypeStruct({tuple(result_shape)!r}, dtype).", stacklevel=4)
 
 
+def _result_shape_of(leaf: Any) -> tuple[int, ...]:
+  """The `shape` of a `result_shape` leaf, checked: a sequence of
+  non-negative integers."""
+  try:
+    shape = tuple(operator.index(d) for d in leaf.shape)
+  except TypeError:
+    shape = None
+  if shape is None or any(d < 0 for d in shape):
+    raise ValueError(
+        f"host_callback.call: result_shape has a leaf {leaf!r} whose shape "
+        f"{leaf.shape!r} is not a sequence of non-negative integers. The "
+        "values must be either numeric scalars, or must have 'shape' and "
+        "'dtype' attributes: use e.g. jax.ShapeDtypeStruct((3,), "
+        "jnp.float32).")
+  return shape
+
+
 def _result_avals(result_shape: Any) -> tuple[Any, tuple]:
   _warn_if_shape_like(result_shape)
   leaves, treedef = jax.tree_util.tree_flatten(result_shape)
@@ -290,7 +307,7 @@ def _result_avals(result_shape: Any) -> tuple[Any, tuple]:
           "'shape' and 'dtype' attributes: use e.g. "
           f"jax.ShapeDtypeStruct((), {leaf.__module__}.{leaf.__name__}).")
     if hasattr(leaf, "shape") and hasattr(leaf, "dtype"):
-      shape, dtype = tuple(leaf.shape), leaf.dtype
+      shape, dtype = _result_shape_of(leaf), leaf.dtype
     elif isinstance(leaf, (bool, int, float, complex, np.generic)):
       array = np.asarray(leaf)
       shape, dtype = array.shape, array.dtype
@@ -302,6 +319,13 @@ def _result_avals(result_shape: Any) -> tuple[Any, tuple]:
           "a host function cannot return keys. Return the key data instead "
           "(result_shape=jax.random.key_data(key)) and turn it into keys "
           "with jax.random.wrap_key_data.")
+    if dtype is not None and dtype == jax.dtypes.float0:
+      raise ValueError(
+          f"host_callback.call: result_shape has a float0 leaf ({leaf!r}). "
+          "float0 is the dtype of tangents of integer values and holds no "
+          "data, so a host function cannot return one; describe a result "
+          "with data, e.g. jax.ShapeDtypeStruct(shape, jnp.float32), or "
+          "make the zero tangent outside the call.")
     if dtype is None or not _is_numeric(dtype):
       raise ValueError(
           "host_callback.call: result_shape has a leaf of type "
