@@ -212,14 +212,22 @@ def id_tap(tap_func: Callable[..., Any], arg: Any, *, result: Any = None,
   device_index = _device_index(device_index, "id_tap")
   arg_leaves, arg_treedef = _flatten_arg(arg, "id_tap")
   result_leaves, result_treedef = jax.tree_util.tree_flatten(result)
+  # As the original: leaves of `result` that are not JAX values (Python
+  # scalars, NumPy arrays) come back as given; JAX values pass through the
+  # tap, so that it happens before they are used.
+  tied = [i for i, leaf in enumerate(result_leaves)
+          if isinstance(leaf, (jax.Array, jax.core.Tracer))]
   function = interned(HostFunction(tap_func, arg_treedef,
                                    with_device=tap_with_device, is_call=False,
                                    copy=_check_copy(copy, "id_tap")))
-  out = primitive.bind([*arg_leaves, *result_leaves], function=function,
-                       num_args=len(arg_leaves), device_index=device_index)
+  out = primitive.bind([*arg_leaves, *(result_leaves[i] for i in tied)],
+                       function=function, num_args=len(arg_leaves),
+                       device_index=device_index)
   if result is None:
     return jax.tree_util.tree_unflatten(arg_treedef, out[:len(arg_leaves)])
-  return jax.tree_util.tree_unflatten(result_treedef, out[len(arg_leaves):])
+  for i, value in zip(tied, out[len(arg_leaves):]):
+    result_leaves[i] = value
+  return jax.tree_util.tree_unflatten(result_treedef, result_leaves)
 
 
 def _warn_of_traced_kwargs(kwargs: Dict[str, Any]) -> None:
