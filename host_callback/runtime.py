@@ -224,8 +224,14 @@ def check_usable() -> None:
 
 
 def raise_recorded_error() -> None:
-  """Raises `CallbackException` for the last host function error, if any."""
-  _runtime.errors.raise_if_any()
+  """Raises `CallbackException` for the last host function error, if any.
+
+  In the synchronous mode, as in the original's, an error that failed the
+  computation waiting for it (its caller got it) is not raised again; in
+  the outfeed mode a `call`'s error is, as the original's was.
+  """
+  _runtime.errors.raise_if_any(
+      include_delivered=settings.outfeed_mode(jax.default_backend()))
 
 
 def queue_statistics() -> Dict[Tuple[str, Any], QueueStats]:

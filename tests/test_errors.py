@@ -262,6 +262,53 @@ def test_device_index_out_of_range():
                                  device_index=jax.device_count()))(1.)
 
 
+def test_an_error_that_failed_its_computation_is_raised_once(both_modes):
+  """Synchronous mode: the tap's computation fails, and the barrier does not
+  raise the error again, as in the original. Outfeed mode: the computation
+  does not wait, and the barrier raises it."""
+  f = jax.jit(lambda x: hcb.id_tap(raise_user_error, x) + 1)
+  if both_modes == "synchronous":
+    with pytest.raises(Exception, match="user message 1"):
+      jax.block_until_ready(f(1))
+    with pytest.raises(Exception, match="user message 2"):
+      jax.block_until_ready(hcb.id_tap(raise_user_error, jnp.int32(2)))
+  else:
+    assert int(f(1)) == 2
+    with pytest.raises(hcb.CallbackException, match="user message 1"):
+      hcb.barrier_wait()
+  hcb.barrier_wait()
+  assert int(jax.jit(lambda x: hcb.id_tap(lambda a, t: None, x) + 1)(1)) == 2
+
+
+def test_an_error_of_call_is_raised_at_the_barrier_in_outfeed_mode_only(
+    both_modes):
+  """A `call` always waits, so its computation fails in both modes; the
+  barrier raises the error again in the outfeed mode only, as the original
+  did in each mode."""
+  def broken(x):
+    raise UserError("broken call")
+
+  with pytest.raises(Exception, match="broken call"):
+    jax.block_until_ready(jax.jit(
+        lambda x: hcb.call(broken, x, result_shape=x))(1.))
+  if both_modes == "outfeed":
+    with pytest.raises(hcb.CallbackException, match="broken call"):
+      hcb.barrier_wait()
+  hcb.barrier_wait()
+
+
+def test_synchronous_mode_an_error_kept_for_the_barrier_is_not_lost(
+    both_modes):
+  """A tap of a computation compiled in the outfeed mode fails nothing: its
+  error still reaches the barrier in the synchronous mode."""
+  f = jax.jit(lambda x: hcb.id_tap(raise_user_error, x) + 1)
+  jax.config.update("jax_host_callback_outfeed", True)
+  assert int(f(3)) == 4
+  jax.config.update("jax_host_callback_outfeed", both_modes == "outfeed")
+  with pytest.raises(hcb.CallbackException, match="user message 3"):
+    hcb.barrier_wait()
+
+
 @pytest.mark.parametrize("tap_func, shown", [
     (lambda a: None, "<lambda>(a)"),
     (lambda a, t, b: None, "<lambda>(a, t, b)"),
