@@ -22,14 +22,15 @@ class ErrorLog:
   its caller got it already. `raise_if_any` leaves delivered errors out when
   asked to, so that in the synchronous mode an error is raised once.
 
-  The lock guards `_last` and `_last_undelivered`; any thread may record,
-  the barrier takes.
+  The lock guards `_last`, `_last_undelivered` and `_any_delivered`; any
+  thread may record, the barrier takes.
   """
 
   def __init__(self) -> None:
     self._lock = threading.Lock()
     self._last: Optional[Tuple[BaseException, str]] = None
     self._last_undelivered: Optional[Tuple[BaseException, str]] = None
+    self._any_delivered = False
 
   def record(self, error: BaseException, *, delivered: bool = False) -> None:
     """Logs `error` with its traceback and keeps it for the next barrier.
@@ -43,8 +44,16 @@ class ErrorLog:
                  formatted)
     with self._lock:
       self._last = (error, formatted)
-      if not delivered:
+      if delivered:
+        self._any_delivered = True
+      else:
         self._last_undelivered = self._last
+
+  def delivered_pending(self) -> bool:
+    """Whether an error recorded since the last `raise_if_any` failed a
+    device computation."""
+    with self._lock:
+      return self._any_delivered
 
   def raise_if_any(self, *, include_delivered: bool = True) -> None:
     """Raises `CallbackException` for the last recorded error (the last one
@@ -52,6 +61,7 @@ class ErrorLog:
     with self._lock:
       last = self._last if include_delivered else self._last_undelivered
       self._last = self._last_undelivered = None
+      self._any_delivered = False
     if last is not None:
       error, formatted = last
       # The message has the traceback: the chained cause goes without, so

@@ -309,6 +309,33 @@ def test_synchronous_mode_an_error_kept_for_the_barrier_is_not_lost(
     hcb.barrier_wait()
 
 
+def test_synchronous_pmap_error_is_not_reported_again_at_exit(transport):
+  """Issue 24 item 4: JAX kept the failed pmap's runtime tokens and raised
+  the error twice more at exit ('Exception ignored in atexit callback')."""
+  done = run_python("""
+      import jax, jax.numpy as jnp, host_callback as hcb
+      def broken(a, t):
+        raise ValueError("boom")
+      try:
+        jax.jit(lambda x: hcb.id_tap(broken, x) + 1)(1)
+      except Exception:
+        print("jit raised")
+      hcb.barrier_wait()
+      try:
+        jax.pmap(lambda x: hcb.id_tap(broken, x) + 1)(
+            jnp.arange(2)).block_until_ready()
+      except Exception:
+        print("pmap raised")
+      hcb.barrier_wait()
+      print("done")
+      """, env={"JAX_HOST_CALLBACK_OUTFEED": "0"}, transport=transport,
+      timeout=120)
+  assert done.returncode == 0, done.stderr
+  assert done.stdout == "jit raised\npmap raised\ndone\n"
+  assert "Exception ignored" not in done.stderr, done.stderr
+  assert "CallbackException" not in done.stderr, done.stderr
+
+
 @pytest.mark.parametrize("tap_func, shown", [
     (lambda a: None, "<lambda>(a)"),
     (lambda a, t, b: None, "<lambda>(a, t, b)"),
