@@ -186,7 +186,9 @@ def id_tap(tap_func: Callable[..., Any], arg: Any, *, result: Any = None,
       values and `transforms` a tuple of `(name, params)` entries (e.g.
       `("batch", {"batch_dims": (0,)})` under `jax.vmap`).
     arg: a pytree of arrays and numeric scalars to send to the host.
-    result: returned instead of `arg` when given; not sent to the host.
+    result: returned instead of `arg` when given; not sent to the host. Its
+      leaves that are not JAX values (Python scalars, NumPy arrays) come
+      back as given.
     tap_with_device: also pass `device=`, the `jax.Device` that executed the
       tap.
     device_index: under a sharded `jit`, the position in the computation's
