@@ -141,7 +141,7 @@ class Runtime:
       try:
         return consumer(arrays, device_id)
       except BaseException as error:  # pylint: disable=broad-except
-        self.errors.record(error)
+        self.errors.record(error, delivered=True)  # the caller gets it
         raised = device_error(error, context)  # chained to `error`
         if raised is error:
           raise
