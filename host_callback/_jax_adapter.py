@@ -10,6 +10,7 @@ from __future__ import annotations
 import dataclasses
 import functools
 import importlib
+import threading
 from typing import Any, Callable, List, Optional, Sequence, Tuple
 
 import jax
@@ -39,7 +40,8 @@ _REQUIRED = {
     _config: ("bool_state", "int_state", "enum_state",
               "use_shardy_partitioner"),
     _core: ("physical_aval", "Token", "abstract_token", "Var", "new_jaxpr_eqn"),
-    _dispatch: ("apply_primitive", "prim_requires_devices_during_lowering"),
+    _dispatch: ("apply_primitive", "prim_requires_devices_during_lowering",
+                "runtime_tokens"),
     _effects: ("Effect", "lowerable_effects", "control_flow_allowed_effects",
                "custom_derivatives_allowed_effects", "remat_allowed_effects",
                "ordered_effects", "shardable_ordered_effects",
@@ -323,6 +325,41 @@ def run_to_completion_at_dispatch(ctx: Any) -> None:
   callbacks = ctx.module_context.host_callbacks
   if _no_host_callback not in callbacks:
     ctx.module_context.add_host_callback(_no_host_callback)
+
+
+def forget_failed_runtime_tokens(is_ours: Callable[[BaseException], bool],
+                                 timeout: float) -> None:
+  """Drops the calling thread's per-device runtime tokens whose computation
+  failed with an error for which `is_ours` is true.
+
+  JAX keeps, per device, the runtime token of the last computation with
+  host callbacks that took its Python dispatch path (pmap's always does),
+  in jax._src.dispatch.runtime_tokens.output_runtime_tokens (a thread-local;
+  checked against jax 0.10.2), and raises a failed one's error again at
+  `jax.effects_barrier()` and in two atexit handlers (`wait_for_tokens`,
+  `clean_up`). Tokens are waited for on a helper thread for at most
+  `timeout` seconds in all, so that a computation stopped for ever by a
+  foreign op cannot block the caller; those left are kept.
+  """
+  tokens = _dispatch.runtime_tokens.output_runtime_tokens
+  pending = list(tokens.items())
+  failed: List[Tuple[Any, Any]] = []
+
+  def wait() -> None:
+    for device, token in pending:
+      try:
+        token.block_until_ready()
+      except Exception as error:  # pylint: disable=broad-except
+        if is_ours(error):
+          failed.append((device, token))
+
+  waiter = threading.Thread(target=wait, daemon=True,
+                            name="host_callback_runtime_tokens")
+  waiter.start()
+  waiter.join(timeout)
+  for device, token in list(failed):
+    if tokens.get(device) is token:
+      del tokens[device]
 
 
 def keep_alive_with_executable(ctx: Any, obj: Any) -> None:

@@ -186,7 +186,9 @@ def id_tap(tap_func: Callable[..., Any], arg: Any, *, result: Any = None,
       values and `transforms` a tuple of `(name, params)` entries (e.g.
       `("batch", {"batch_dims": (0,)})` under `jax.vmap`).
     arg: a pytree of arrays and numeric scalars to send to the host.
-    result: returned instead of `arg` when given; not sent to the host.
+    result: returned instead of `arg` when given; not sent to the host. Its
+      leaves that are not JAX values (Python scalars, NumPy arrays) come
+      back as given.
     tap_with_device: also pass `device=`, the `jax.Device` that executed the
       tap.
     device_index: under a sharded `jit`, the position in the computation's
@@ -212,14 +214,22 @@ def id_tap(tap_func: Callable[..., Any], arg: Any, *, result: Any = None,
   device_index = _device_index(device_index, "id_tap")
   arg_leaves, arg_treedef = _flatten_arg(arg, "id_tap")
   result_leaves, result_treedef = jax.tree_util.tree_flatten(result)
+  # As the original: leaves of `result` that are not JAX values (Python
+  # scalars, NumPy arrays) come back as given; JAX values pass through the
+  # tap, so that it happens before they are used.
+  tied = [i for i, leaf in enumerate(result_leaves)
+          if isinstance(leaf, (jax.Array, jax.core.Tracer))]
   function = interned(HostFunction(tap_func, arg_treedef,
                                    with_device=tap_with_device, is_call=False,
                                    copy=_check_copy(copy, "id_tap")))
-  out = primitive.bind([*arg_leaves, *result_leaves], function=function,
-                       num_args=len(arg_leaves), device_index=device_index)
+  out = primitive.bind([*arg_leaves, *(result_leaves[i] for i in tied)],
+                       function=function, num_args=len(arg_leaves),
+                       device_index=device_index)
   if result is None:
     return jax.tree_util.tree_unflatten(arg_treedef, out[:len(arg_leaves)])
-  return jax.tree_util.tree_unflatten(result_treedef, out[len(arg_leaves):])
+  for i, value in zip(tied, out[len(arg_leaves):]):
+    result_leaves[i] = value
+  return jax.tree_util.tree_unflatten(result_treedef, result_leaves)
 
 
 def _warn_of_traced_kwargs(kwargs: Dict[str, Any]) -> None:
@@ -278,6 +288,23 @@ def _warn_if_shape_like(result_shape: Any) -> None:
         f"jax.ShapeDtypeStruct({tuple(result_shape)!r}, dtype).", stacklevel=4)
 
 
+def _result_shape_of(leaf: Any) -> tuple[int, ...]:
+  """The `shape` of a `result_shape` leaf, checked: a sequence of
+  non-negative integers."""
+  try:
+    shape = tuple(operator.index(d) for d in leaf.shape)
+  except TypeError:
+    shape = None
+  if shape is None or any(d < 0 for d in shape):
+    raise ValueError(
+        f"host_callback.call: result_shape has a leaf {leaf!r} whose shape "
+        f"{leaf.shape!r} is not a sequence of non-negative integers. The "
+        "values must be either numeric scalars, or must have 'shape' and "
+        "'dtype' attributes: use e.g. jax.ShapeDtypeStruct((3,), "
+        "jnp.float32).")
+  return shape
+
+
 def _result_avals(result_shape: Any) -> tuple[Any, tuple]:
   _warn_if_shape_like(result_shape)
   leaves, treedef = jax.tree_util.tree_flatten(result_shape)
@@ -290,7 +317,7 @@ def _result_avals(result_shape: Any) -> tuple[Any, tuple]:
           "'shape' and 'dtype' attributes: use e.g. "
           f"jax.ShapeDtypeStruct((), {leaf.__module__}.{leaf.__name__}).")
     if hasattr(leaf, "shape") and hasattr(leaf, "dtype"):
-      shape, dtype = tuple(leaf.shape), leaf.dtype
+      shape, dtype = _result_shape_of(leaf), leaf.dtype
     elif isinstance(leaf, (bool, int, float, complex, np.generic)):
       array = np.asarray(leaf)
       shape, dtype = array.shape, array.dtype
@@ -302,6 +329,13 @@ def _result_avals(result_shape: Any) -> tuple[Any, tuple]:
           "a host function cannot return keys. Return the key data instead "
           "(result_shape=jax.random.key_data(key)) and turn it into keys "
           "with jax.random.wrap_key_data.")
+    if dtype is not None and dtype == jax.dtypes.float0:
+      raise ValueError(
+          f"host_callback.call: result_shape has a float0 leaf ({leaf!r}). "
+          "float0 is the dtype of tangents of integer values and holds no "
+          "data, so a host function cannot return one; describe a result "
+          "with data, e.g. jax.ShapeDtypeStruct(shape, jnp.float32), or "
+          "make the zero tangent outside the call.")
     if dtype is None or not _is_numeric(dtype):
       raise ValueError(
           "host_callback.call: result_shape has a leaf of type "

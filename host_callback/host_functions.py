@@ -108,9 +108,8 @@ class CallError(RuntimeError):
 
 def unpack_transforms(transforms: Transforms) -> Tuple[Tuple[Any, ...], ...]:
   """The `transforms` argument a tap function receives, as the original's:
-  `(name, params)`, or `(name,)` for an entry without params."""
-  return tuple((name, dict(params)) if params else (name,)
-               for name, params in transforms)
+  `(name, params)` entries, params a dict, empty for "transpose"."""
+  return tuple((name, dict(params)) for name, params in transforms)
 
 
 def _describe(dtype: Any, shape: Sequence[int]) -> str:
@@ -169,8 +168,30 @@ def _check_results(function: HostFunction, result: Any) -> Sequence[np.ndarray]:
           f"host_callback.call: {function.name} returned "
           f"{_describe(array.dtype, array.shape)} where result_shape expects "
           f"{_describe(aval.dtype, aval.shape)}")
-    arrays.append(array.astype(dtype, copy=False))
+    cast = array.astype(dtype, copy=False)
+    if cast is not array:
+      _check_integers_fit(function, array, cast)
+    arrays.append(cast)
   return arrays
+
+
+def _check_integers_fit(function: HostFunction, array: np.ndarray,
+                        cast: np.ndarray) -> None:
+  """Canonicalisation narrows integers (int64 to int32 without x64): a value
+  that does not fit would wrap, so it is an error, as NumPy 2's
+  `np.asarray(2**40 + 5, np.int32)` is."""
+  if not (np.issubdtype(array.dtype, np.integer) and
+          np.issubdtype(cast.dtype, np.integer)):
+    return
+  wrapped = cast != array
+  if np.any(wrapped):
+    value = array[wrapped].flat[0] if array.ndim else array.item()
+    raise CallError(
+        f"host_callback.call: {function.name} returned the integer {value}, "
+        f"which does not fit the {cast.dtype.name} that result_shape "
+        f"expects ({np.iinfo(cast.dtype).min} to {np.iinfo(cast.dtype).max}); "
+        "return a value in range, or enable jax_enable_x64 for a 64-bit "
+        "result_shape")
 
 
 def _argument_builder(treedef: Any) -> Callable[[Sequence[np.ndarray]], Any]:

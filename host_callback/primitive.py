@@ -151,7 +151,7 @@ def _transpose(cotangents, *operands, function: HostFunction, num_args: int,
                device_index: int, transforms: Transforms):
   """As the original: a tap applied to linear values (e.g. tangents inside a
   custom_jvp rule) sends the cotangents of all its operands, with
-  ("transpose",) appended to `transforms`, and passes them through."""
+  ("transpose", {}) appended to `transforms`, and passes them through."""
   if function.is_call:
     raise NotImplementedError("host_callback.call cannot be transposed")
   cotangents = [ad.instantiate_zeros(ct) for ct in cotangents]
@@ -173,9 +173,12 @@ def _batch(batched_operands, batch_dims, *, function: HostFunction,
                        num_args=num_args, device_index=device_index,
                        transforms=transforms)
   arg_dims = tuple(batch_dims[:num_args])
-  entry = ("batch", (("batch_dims", arg_dims),))
+  if any(d is not None for d in arg_dims):
+    transforms += (("batch", (("batch_dims", arg_dims),)),)
+  # else, as the original, whose `result=` did not go through the tap: a tap
+  # whose sent values are not batched is not batched (only `result=` is).
   out = bind(batched_operands, function=function, num_args=num_args,
-             device_index=device_index, transforms=transforms + (entry,))
+             device_index=device_index, transforms=transforms)
   return out, list(batch_dims)
 
 

@@ -122,7 +122,8 @@ def header_line(kwargs: Dict[str, Any], transforms: Sequence[Tuple[Any, ...]],
   """`k1: v1 k2: v2` with keys sorted, or '' when there is nothing to say."""
   fields = dict(kwargs)
   if transforms:
-    fields["transforms"] = [entry if len(entry) > 1 else entry[0]
+    # As the original: an entry without params prints as its name alone.
+    fields["transforms"] = [entry if len(entry) > 1 and entry[1] else entry[0]
                             for entry in transforms]
   if device is not None:
     fields["device"] = device

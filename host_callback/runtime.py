@@ -13,6 +13,7 @@ from typing import (Any, Callable, Dict, List, Optional, Sequence, Set, Tuple,
 import jax
 import numpy as np
 
+from . import _jax_adapter as adapter
 from . import settings
 from .devices import device_by_number, device_number
 from .host_functions import CallError, HostFunction, Transforms, make_consumer
@@ -224,8 +225,18 @@ def check_usable() -> None:
 
 
 def raise_recorded_error() -> None:
-  """Raises `CallbackException` for the last host function error, if any."""
-  _runtime.errors.raise_if_any()
+  """Raises `CallbackException` for the last host function error, if any.
+
+  In the synchronous mode, as in the original's, an error that failed the
+  computation waiting for it (its caller got it) is not raised again; in
+  the outfeed mode a `call`'s error is, as the original's was.
+  """
+  errors = _runtime.errors
+  if errors.delivered_pending():  # JAX would raise it again at exit
+    adapter.forget_failed_runtime_tokens(
+        lambda error: "host_callback" in str(error), timeout=1.0)
+  errors.raise_if_any(
+      include_delivered=settings.outfeed_mode(jax.default_backend()))
 
 
 def queue_statistics() -> Dict[Tuple[str, Any], QueueStats]:

@@ -17,25 +17,51 @@ class CallbackException(Exception):
 class ErrorLog:
   """Remembers the last exception raised by a host function.
 
-  The lock guards `_last`; any thread may record, the barrier takes.
+  An error is *delivered* when it also failed a device computation that
+  waited for the host function (a `call`, or a tap in the synchronous mode):
+  its caller got it already. `raise_if_any` leaves delivered errors out when
+  asked to, so that in the synchronous mode an error is raised once.
+
+  The lock guards `_last`, `_last_undelivered` and `_any_delivered`; any
+  thread may record, the barrier takes.
   """
 
   def __init__(self) -> None:
     self._lock = threading.Lock()
     self._last: Optional[Tuple[BaseException, str]] = None
+    self._last_undelivered: Optional[Tuple[BaseException, str]] = None
+    self._any_delivered = False
 
-  def record(self, error: BaseException) -> None:
-    """Logs `error` with its traceback and keeps it for the next barrier."""
+  def record(self, error: BaseException, *, delivered: bool = False) -> None:
+    """Logs `error` with its traceback and keeps it for the next barrier.
+
+    `delivered`: the error also fails the device computation that waits for
+    the host function (a request answered with it, or a direct run that
+    raised it to the device).
+    """
     formatted = "".join(traceback.format_exception(error))
     logger.error("Postponing exception raised in callback function: %s",
                  formatted)
     with self._lock:
       self._last = (error, formatted)
+      if delivered:
+        self._any_delivered = True
+      else:
+        self._last_undelivered = self._last
 
-  def raise_if_any(self) -> None:
-    """Raises `CallbackException` for the last recorded error, and forgets it."""
+  def delivered_pending(self) -> bool:
+    """Whether an error recorded since the last `raise_if_any` failed a
+    device computation."""
     with self._lock:
-      last, self._last = self._last, None
+      return self._any_delivered
+
+  def raise_if_any(self, *, include_delivered: bool = True) -> None:
+    """Raises `CallbackException` for the last recorded error (the last one
+    not delivered, unless `include_delivered`), and forgets them all."""
+    with self._lock:
+      last = self._last if include_delivered else self._last_undelivered
+      self._last = self._last_undelivered = None
+      self._any_delivered = False
     if last is not None:
       error, formatted = last
       # The message has the traceback: the chained cause goes without, so

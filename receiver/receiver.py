@@ -129,8 +129,9 @@ class Receiver:
       if packet.reply is not None:
         packet.reply.set_result(result if result is not None else ())
     except BaseException as error:  # pylint: disable=broad-except
-      self._errors.record(error)
-      if packet.reply is not None and not packet.reply.done:
+      waiting = packet.reply is not None and not packet.reply.done
+      self._errors.record(error, delivered=packet.reply is not None)
+      if waiting:
         packet.reply.set_error(error, self._registry.context(packet.consumer_id))
 
   def wait_processed(self) -> None:

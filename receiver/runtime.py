@@ -130,7 +130,7 @@ class Runtime:
       try:
         return self.registry.get(consumer_id)(arrays, device_id)
       except BaseException as error:  # pylint: disable=broad-except
-        self.errors.record(error)
+        self.errors.record(error, delivered=True)  # the device fails with it
         raise DirectRunError(error, self.registry.context(consumer_id)) from error
 
   def run_here(self, consumer: Consumer, context: str, device_id: int,
@@ -141,7 +141,7 @@ class Runtime:
       try:
         return consumer(arrays, device_id)
       except BaseException as error:  # pylint: disable=broad-except
-        self.errors.record(error)
+        self.errors.record(error, delivered=True)  # the caller gets it
         raised = device_error(error, context)  # chained to `error`
         if raised is error:
           raise

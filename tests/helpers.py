@@ -112,13 +112,26 @@ def synchronous() -> bool:
 def fails_when_synchronous(match: str = "") -> Iterator[None]:
   """Around code whose tap function raises: in the synchronous mode the
   computation that ran the tap fails (a JaxRuntimeError whose message matches
-  `match`); in the outfeed mode it completes, and only `barrier_wait` reports
-  the error. Either way the caller then checks `barrier_wait`."""
+  `match`), and that is the only report; in the outfeed mode it completes,
+  and only `barrier_wait` reports the error (see `barrier_report`)."""
   if synchronous():
     with pytest.raises(jax.errors.JaxRuntimeError, match=match):
       yield
   else:
     yield
+
+
+def barrier_report() -> Optional[BaseException]:
+  """`barrier_wait()` after a tap function raised: in the outfeed mode it
+  raises the CallbackException, which this returns; in the synchronous mode
+  the failed computation was the only report (issue 24, item 4), so it
+  raises nothing and this returns None."""
+  if synchronous():
+    hcb.barrier_wait()
+    return None
+  with pytest.raises(hcb.CallbackException) as info:
+    hcb.barrier_wait()
+  return info.value
 
 
 def device_str(index: int) -> str:

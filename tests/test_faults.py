@@ -16,7 +16,7 @@ import pytest
 
 import host_callback as hcb
 
-from helpers import OUTFEED, run_python
+from helpers import OUTFEED, barrier_report, run_python
 
 
 def test_consumer_raising_every_nth_tap(outfeed_mode):
@@ -103,8 +103,7 @@ def test_call_error_in_the_middle_of_a_long_scan_fails_fast(both_modes):
   with pytest.raises(Exception, match="step 500"):
     jax.block_until_ready(run(0))
   assert time.monotonic() - start < 30
-  with pytest.raises(hcb.CallbackException):
-    hcb.barrier_wait()
+  barrier_report()  # the outfeed mode raises it again, as the original
   assert int(jax.jit(lambda x: hcb.call(lambda a: a + 1, x, result_shape=x))(1)) == 2
 
 

@@ -91,6 +91,27 @@ ID_PRINT_CASES = [
          jnp.arange(6.).reshape(2, 3)),
      "transforms: [('batch', {'batch_dims': (1,)})] what: ax1\n"
      "[[0. 1. 2.]\n [3. 4. 5.]]\n"),
+    # Issue 23 item 5, checked against the original (jax 0.4.30): a tap
+    # whose sent values are not batched, only its result=, is not batched.
+    ("vmap_only_result_batched",
+     lambda: jax.vmap(lambda x: hcb.id_print(5.0, result=x, what="c"))(
+         jnp.arange(3.)),
+     "what: c\n5.\n"),
+    ("vmap_only_result_batched_jit_scan",
+     lambda: jax.vmap(jax.jit(lambda c: lax.scan(
+         lambda c, x: (hcb.id_print(5.0, result=c + x, what="c"), None),
+         c, jnp.arange(2.))))(jnp.arange(3.)),
+     "what: c\n5.\nwhat: c\n5.\n"),
+    ("vmap_of_vmap_only_result_batched",
+     lambda: jax.vmap(jax.vmap(lambda x: hcb.id_print(5.0, result=x,
+                                                      what="c")))(
+         jnp.arange(4.).reshape(2, 2)),
+     "what: c\n5.\n"),
+    ("vmap_partly_batched",
+     lambda: jax.vmap(lambda x: hcb.id_print((x, 5.0), what="p"))(
+         jnp.arange(3.)),
+     "transforms: [('batch', {'batch_dims': (0, None)})] what: p\n"
+     "( [0. 1. 2.] 5. )\n"),
     ("jvp",
      lambda: jax.jvp(lambda x: hcb.id_print(x * 2, what="j"), (3.,), (0.1,)),
      "what: j\n6.\n"),
@@ -136,6 +157,18 @@ def test_id_print_golden_pmap_all_devices():
   expected = [f"device: {device} what: p\n{i}.\n"
               for i, device in enumerate(devices)]
   assert sorted(print_blocks(out.getvalue(), 2)) == sorted(expected)
+
+
+def test_tap_of_unbatched_values_with_batched_result_has_no_transforms():
+  """Issue 23 item 5, as the original: `seen == [(), ()]`."""
+  seen = []
+  xs = jnp.arange(3.)
+  jax.vmap(lambda x: hcb.id_tap(lambda a, t: seen.append(t), 5.0,
+                                result=x))(xs)
+  jax.vmap(lambda x: hcb.id_tap(lambda a, t: seen.append(t), None,
+                                result=x))(xs)
+  hcb.barrier_wait()
+  assert seen == [(), ()]
 
 
 def test_id_print_returns_its_argument():

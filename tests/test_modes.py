@@ -105,9 +105,7 @@ def test_synchronous_tap_function_that_raises_fails_the_computation():
   with pytest.raises(Exception, match="broken_tap") as info:
     jax.jit(lambda x: hcb.id_tap(broken_tap, x) + 1)(1).block_until_ready()
   assert "ValueError: boom" in str(info.value)
-  with pytest.raises(hcb.CallbackException) as raised:
-    hcb.barrier_wait()
-  assert isinstance(raised.value.__cause__, ValueError)
+  hcb.barrier_wait()  # raised once, as in the original (tests/test_errors.py)
   assert int(jax.jit(lambda x: hcb.id_tap(lambda a, t: None, x) + 1)(1)) == 2
 
 

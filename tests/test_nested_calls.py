@@ -137,8 +137,10 @@ def test_error_in_a_nested_call_reaches_the_outer_host_function(both_modes):
   out = jax.jit(lambda x: hcb.call(host, x, result_shape=x))(4.)
   assert float(out) == 4.
   assert len(caught) == 1 and "bad raised ValueError: inner boom" in caught[0]
-  with pytest.raises(hcb.CallbackException, match="inner boom"):
-    hcb.barrier_wait()
+  if both_modes == "outfeed":  # the synchronous mode raises it once
+    with pytest.raises(hcb.CallbackException, match="inner boom"):
+      hcb.barrier_wait()
+  hcb.barrier_wait()
 
 
 @pytest.mark.parametrize("outer", ["tap", "call"])

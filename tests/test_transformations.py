@@ -386,7 +386,8 @@ def _x_times_x_with_tapped_tangent(tap_tangent):
 @pytest.mark.parametrize("jit", [False, True])
 def test_grad_transposes_a_tap_of_tangents(jit):
   """The spec's example: under grad, the tap of x_dot in the custom_jvp rule
-  prints the cotangent, with ('transpose',) in transforms, once per step."""
+  prints the cotangent, with ('transpose', {}) in transforms, printed as
+  ['transpose'], once per step."""
   f = _x_times_x_with_tapped_tangent(
       lambda t: hcb.id_print(t, what="x_dot"))
 
@@ -409,4 +410,5 @@ def test_transposed_tap_receives_cotangents_and_passes_them_through():
   hcb.barrier_wait()
   assert float(x_bar) == 3. * 2. * 5.
   assert rec.args == [np.float32(5. * 3. * 2.)]
-  assert rec.transforms == [(("transpose",),)]
+  # As the original: every entry unpacks as (name, params).
+  assert rec.transforms == [(("transpose", {}),)]

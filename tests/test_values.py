@@ -192,6 +192,28 @@ def test_result_with_none_arg_eager():
   assert rec.args == [None]
 
 
+def test_result_leaves_that_are_not_jax_values_come_back_as_given(both_modes):
+  """As the original: Python scalars and NumPy arrays in `result` are returned
+  unchanged (type and dtype), under jit too; JAX values still follow the tap."""
+  del both_modes
+  rec = Recorder()
+  r = hcb.id_tap(rec, 1.0, result=np.arange(3.0))
+  assert type(r) is np.ndarray and r.dtype == np.float64
+
+  f = lambda x: x + 1.0 if hcb.id_tap(rec, x, result=True) else x
+  assert float(jax.jit(f)(1.0)) == 2.0
+
+  def g(x):
+    out = hcb.id_tap(rec, x, result=(x * 2, 3, np.int8(4), None))
+    assert type(out[1]) is int and type(out[2]) is np.int8
+    assert isinstance(out[0], jax.core.Tracer)
+    return out[0]
+
+  assert float(jax.jit(g)(1.0)) == 2.0
+  hcb.barrier_wait()
+  assert [float(a) for a in rec.args] == [1.0, 1.0, 1.0]
+
+
 @pytest.mark.parametrize("jit", [True, False], ids=["jit", "eager"])
 def test_unused_result_still_taps(jit):
   rec = Recorder()
