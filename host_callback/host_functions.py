@@ -151,6 +151,10 @@ def _structure_error(function: HostFunction, leaves: Sequence[Any],
 
 def _check_results(function: HostFunction, result: Any) -> Sequence[np.ndarray]:
   """The flat results as arrays, or CallError when they do not match."""
+  if (function.result_treedef == _ONE_ARRAY and type(result) is np.ndarray  # pylint: disable=unidiomatic-typecheck
+      and result.dtype == function.result_avals[0].dtype
+      and result.shape == function.result_avals[0].shape):
+    return [result]  # the usual result, exact already
   leaves, treedef = jax.tree_util.tree_flatten(result)
   if treedef != function.result_treedef:
     raise _structure_error(function, leaves, treedef)

@@ -11,9 +11,13 @@ from .packets import POLL_SECONDS, Packet
 from .registry import ConsumerRegistry
 from .transport import QueueStats, Transport
 
-# Threads that run consumers; a barrier called from one of them would wait for
-# itself, so the barrier checks this.
-_consumer_threads = threading.local()
+class _ConsumerThreads(threading.local):
+  """Whether the calling thread runs host functions now: a barrier called
+  from one of them would wait for itself, so the barrier checks this."""
+  active = False  # each thread's default
+
+
+consumer_threads = _ConsumerThreads()
 
 # One lock per (transport, device) queue, held by the thread that consumes
 # it: a thread of a new receiver waits until the old receiver's thread for
@@ -31,7 +35,7 @@ def _queue_lock(transport_name: str, device_id: int) -> threading.Lock:
 
 def in_consumer_thread() -> bool:
   """True when called from inside a host function run by the receiver."""
-  return getattr(_consumer_threads, "active", False)
+  return consumer_threads.active
 
 
 class consumer_thread:  # pylint: disable=invalid-name
@@ -41,11 +45,11 @@ class consumer_thread:  # pylint: disable=invalid-name
   __slots__ = ("_previous",)
 
   def __enter__(self) -> None:
-    self._previous = in_consumer_thread()
-    _consumer_threads.active = True
+    self._previous = consumer_threads.active
+    consumer_threads.active = True
 
   def __exit__(self, *exc_info: object) -> None:
-    _consumer_threads.active = self._previous
+    consumer_threads.active = self._previous
 
 
 class Receiver:
@@ -87,7 +91,7 @@ class Receiver:
     thread.start()
 
   def _consume_loop(self, transport: Transport, device_id: int) -> None:
-    _consumer_threads.active = True
+    consumer_threads.active = True
     lock = _queue_lock(transport.name, device_id)
     while not lock.acquire(timeout=POLL_SECONDS):
       if self.is_stopped():
