@@ -497,8 +497,8 @@ def install_scan_hoisting_guard() -> None:
   body's consts, a carry passed through unchanged, or nothing), to compute
   it once: a tap of such values, an operand-less one included, would then
   run once instead of once per iteration. This wraps
-  jax._src.lax.control_flow.loops._scan_known_hoisting (jax 0.10.2: called
-  by _scan_linearize and _scan_partial_eval) so that a forward body with
+  jax._src.lax.control_flow.loops._scan_known_hoisting (jax 0.10.2 and
+  0.12.0.1: called by _scan_linearize and _scan_partial_eval) so that a forward body with
   our effect is left as it is, which its own source names as the way to
   disable the hoisting; bodies without taps are hoisted as before.
   """
@@ -506,11 +506,13 @@ def install_scan_hoisting_guard() -> None:
   if getattr(hoist, "_host_callback_guard", False):
     return
 
+  # jax 0.10.2 passes num_res; 0.12.0.1 passes num_ures, num_sres and
+  # hoists among the first only.
   def hoist_unless_tapping(jaxpr_known: Any, known_consts: Any,
-                           num_res: int) -> Any:
+                           *num_res: int) -> Any:
     if host_callback_effect in jaxpr_known.effects:
-      return jaxpr_known, known_consts, [False] * num_res, []
-    return hoist(jaxpr_known, known_consts, num_res)
+      return jaxpr_known, known_consts, [False] * num_res[0], []
+    return hoist(jaxpr_known, known_consts, *num_res)
 
   hoist_unless_tapping._host_callback_guard = True  # type: ignore[attr-defined]
   _loops._scan_known_hoisting = hoist_unless_tapping
