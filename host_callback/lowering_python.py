@@ -12,6 +12,7 @@ from . import _jax_adapter as adapter
 from . import executions, runtime
 from ._jax_adapter import hlo
 from .devices import device_number, numbers
+from .receiver import interrupts
 from .lowering_kinds import Kind
 
 
@@ -32,18 +33,18 @@ def _device_id_source(place: adapter.ExecutionPlace
           lambda arrays: (int(device_ids[int(arrays[0])]), arrays[1:]))
 
 
-def _ending_execution_on_failure(host_side: Callable, on_failure: Any
-                                 ) -> Callable:
+def _failing_the_execution(host_side: Callable, on_failure: Any) -> Callable:
   """`host_side`, which when it raises (so stops the execution) first calls
-  `on_failure` (see `executions.failed`)."""
-  if on_failure is None:
-    return host_side
-
+  `on_failure` (see `executions.failed`); Ctrl-C that stopped it reaches
+  the thread that waits for the execution (see `receiver.interrupts`)."""
   def run(*arrays):
     try:
       return host_side(*arrays)
-    except BaseException:
-      on_failure()
+    except BaseException as error:
+      if on_failure is not None:
+        on_failure()
+      if interrupts.stopped_main_thread(error):
+        raise interrupts.rearming_interrupt(error)  # pylint: disable=raise-missing-from
       raise
   return run
 
@@ -71,7 +72,7 @@ def emit(ctx: Any, place: adapter.ExecutionPlace, kind: Kind,
       transport.request(device_id, site, values)
       return ()
 
-  host_side = _ending_execution_on_failure(host_side, executions.failed(ctx))
+  host_side = _failing_the_execution(host_side, executions.failed(ctx))
   results = adapter.emit_python_callback(
       ctx, host_side, [*extra, *operands], [*extra_avals, *operand_avals],
       result_avals, adapter.op_sharding(ctx, place, result_avals))

@@ -148,6 +148,34 @@ def print_blocks(text: str, lines_per_block: int) -> List[str]:
           for i in range(0, len(lines), lines_per_block)]
 
 
+# For run_python code: `outcome(wait)` sends Ctrl-C to the process in
+# `after` seconds, runs `wait()`, and says how it ended. Ctrl-C that stopped
+# a host function is re-armed for the waiting thread, so KeyboardInterrupt
+# comes either at once or while Python handles the failed computation's
+# error (on JAX's C++ dispatch path, which raises that error directly).
+CTRL_C_OUTCOME = """
+import os, signal, threading
+
+INTERRUPTED = ("KeyboardInterrupt", "an error, then KeyboardInterrupt")
+
+def outcome(wait, after=1.0):
+  threading.Timer(after, os.kill, (os.getpid(), signal.SIGINT)).start()
+  try:
+    try:
+      wait()
+      return "returned"
+    except KeyboardInterrupt:
+      return "KeyboardInterrupt"
+    except Exception as error:
+      for _ in range(3):  # Python checks for pending signals here
+        pass
+      return (f"{type(error).__name__}, naming it: "
+              f"{'KeyboardInterrupt' in str(error)}")
+  except KeyboardInterrupt:  # raised while Python handled the error
+    return "an error, then KeyboardInterrupt"
+"""
+
+
 def run_python(code: str, env: Optional[Dict[str, Optional[str]]] = None,
                transport: Optional[str] = None,
                timeout: float = SUBPROCESS_TIMEOUT

@@ -2,7 +2,9 @@
 stopped, and reaches only the thread that waits on it (each case in a fresh
 interpreter, so that a stray interrupt cannot hit the test run)."""
 
-from helpers import run_python
+import pytest
+
+from helpers import CTRL_C_OUTCOME, OUTFEED, run_python
 
 
 def test_interrupt_in_a_worker_threads_tap_stays_in_that_thread(transport):
@@ -68,3 +70,39 @@ def test_ctrl_c_stops_a_synchronous_scan_of_slow_taps(transport):
            if line.startswith("interrupted after")]
   assert len(lines) == 3, (done.stdout, done.stderr)
   assert all(int(line.split()[2]) < 150 for line in lines), done.stdout
+
+
+@pytest.mark.parametrize("mode", ["synchronous", "outfeed"])
+def test_ctrl_c_stops_a_slow_call(transport, mode):
+  """Ctrl-C while the main thread runs a slow `call`'s host function (a
+  request on an idle queue runs there in both modes) gives the caller
+  KeyboardInterrupt at once, on both transports: the Python transport hands
+  it on past JAX's callback, which would turn it into its own error. Twice,
+  on a warm function; then no stray interrupt comes, and calls work."""
+  done = run_python(CTRL_C_OUTCOME + """
+import time, jax, jax.numpy as jnp, host_callback as hcb
+
+def slow(x):
+  time.sleep(float(x))
+  return x + 1
+
+f = jax.jit(lambda x: hcb.call(slow, x, result_shape=x))
+f(jnp.float32(0)).block_until_ready()
+for attempt in range(2):
+  start = time.monotonic()
+  ended = outcome(lambda: f(jnp.float32(60)), after=0.3)
+  print(ended in INTERRUPTED, ended, round(time.monotonic() - start))
+try:
+  time.sleep(1)  # an interrupt re-armed twice would land here
+  print("no stray interrupt")
+except KeyboardInterrupt:
+  print("stray interrupt")
+print("after:", float(f(jnp.float32(0))))
+""", env=OUTFEED if mode == "outfeed" else None, transport=transport)
+  lines = done.stdout.splitlines()
+  assert len(lines) == 4, (done.stdout, done.stderr)
+  for line in lines[:2]:
+    interrupted, *_, seconds = line.split()
+    assert interrupted == "True", (done.stdout, done.stderr)
+    assert int(seconds) < 30, done.stdout  # not after the host function
+  assert lines[2:] == ["no stray interrupt", "after: 1.0"], done.stdout
