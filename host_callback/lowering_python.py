@@ -12,8 +12,8 @@ from . import _jax_adapter as adapter
 from . import executions, runtime
 from ._jax_adapter import hlo
 from .devices import device_number, numbers
-from .receiver import interrupts
 from .lowering_kinds import Kind
+from .receiver import interrupts
 
 
 def _device_id_source(place: adapter.ExecutionPlace

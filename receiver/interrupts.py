@@ -27,9 +27,10 @@ _SIGINT = int(signal.SIGINT)
 class _RearmWhenFreed(weakref.ref):
   """A weak reference whose callback, `_thread.interrupt_main(reference)`,
   re-arms Ctrl-C: the callback gets the reference itself, which reads as
-  SIGINT through `__index__`. The callback is C code, so no Python code runs
-  after the trip on the way out of the object's deallocation, where the
-  re-armed interrupt would fire."""
+  SIGINT through `__index__` (which runs before the trip). The callback is
+  C code: after the trip no Python code runs on the way out of the
+  deallocation, so the interrupt waits for the next Python code that the
+  main thread runs."""
 
   def __index__(self) -> int:
     return _SIGINT
