@@ -153,10 +153,10 @@ def print_blocks(text: str, lines_per_block: int) -> List[str]:
 # a host function is re-armed for the waiting thread, so KeyboardInterrupt
 # comes either at once or while Python handles the failed computation's
 # error (on JAX's C++ dispatch path, which raises that error directly).
+# CTRL_C_INTERRUPTED lists the outcomes that mean KeyboardInterrupt reached it.
+CTRL_C_INTERRUPTED = ("KeyboardInterrupt", "an error, then KeyboardInterrupt")
 CTRL_C_OUTCOME = """
 import os, signal, threading
-
-INTERRUPTED = ("KeyboardInterrupt", "an error, then KeyboardInterrupt")
 
 def outcome(wait, after=1.0):
   threading.Timer(after, os.kill, (os.getpid(), signal.SIGINT)).start()
