@@ -268,6 +268,15 @@ def abstract_token() -> Any:
   return _core.abstract_token
 
 
+def device_count(ctx: Any) -> int:
+  """How many devices the computation being lowered runs on, from its axis
+  context (jax._src.sharding_impls.ShardingContext or SPMDAxisContext)."""
+  axis_context = ctx.module_context.axis_context
+  if isinstance(axis_context, _sharding_impls.SPMDAxisContext):
+    return axis_context.mesh.size
+  return getattr(axis_context, "num_devices", 1)
+
+
 def sharded_devices(ctx: Any) -> Optional[Tuple[Any, ...]]:
   """The device assignment when lowering automatically sharded code.
 

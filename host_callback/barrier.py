@@ -1,21 +1,25 @@
 """`barrier_wait` and `stop_outfeed_receiver`: a marker through each device.
 
-As the original did, the barrier runs one tiny tap computation on every
-local device whose queue is open, on each transport. A device's consumer
-thread runs host functions in the order the device sent them: when a
-marker's tap has run, every callback sent before the marker has run too.
+An idle barrier reads counters: when every computation dispatched so far
+has finished (`probes`), none of ours is in flight (`executions`) and every
+queue is drained, there is nothing to wait for. Its cost does not depend on
+the arrays the program holds.
 
-On an accelerator a device runs its computations in dispatch order, so that
-covers every computation dispatched before the barrier. JAX's CPU client
-does not: a computation whose inputs are not ready yet runs when they are,
-after later computations whose inputs were, and one dispatched by another
-thread runs beside the markers. So the barrier first waits for every live
-array (the outputs the program holds, and so the computations that make
-them), then, before each round of markers, for a moment when none of our
-computations is running (they count their executions, see `executions`).
-It repeats the markers while computations begin or packets arrive that they
-did not account for (computations whose inputs were not ready, or another
-thread's).
+Otherwise, as the original did, the barrier runs one tiny tap computation
+on every local device whose queue is open, on each transport. A device's
+consumer thread runs host functions in the order the device sent them: when
+a marker's tap has run, every callback sent before the marker has run too.
+
+A device runs its single-device computations in dispatch order, on JAX's
+CPU client too (a computation whose inputs are not ready waits, and so does
+every one dispatched after it on that device; see `probes`), so a marker
+follows them. Computations over several devices are ordered among
+themselves only: the barrier first waits for them with a probe over all
+local devices. One dispatched by another thread runs beside the markers, so
+before each round of markers the barrier waits for a moment when none of
+our computations is running (they count their executions, see
+`executions`), and it repeats the markers while computations begin or
+packets arrive that they did not account for.
 """
 
 from __future__ import annotations
@@ -25,12 +29,12 @@ import functools
 import logging
 import threading
 import time
-from typing import Any, Dict, Optional, Tuple
+from typing import Any, Dict, Optional, Set, Tuple
 
 import jax
 import numpy as np
 
-from . import executions, primitive, runtime, settings
+from . import executions, primitive, probes, runtime, settings
 from .devices import device_number, local_devices_by_number
 from .host_functions import HostFunction
 from .receiver import in_consumer_thread
@@ -43,12 +47,11 @@ _POLL_SECONDS = 0.05
 _SETTLE_SECONDS = 0.02
 _MAX_ROUNDS = 500
 # A computation that stays in flight this long while no packet is sent or
-# waits was probably stopped by an op that is not ours (say, a
-# jax.pure_callback that raised), which never counts it as ended; the
-# barrier stops waiting for it. Sooner when a live array reported a failed
-# computation.
+# waits, when every computation dispatched has finished (`probes`), was
+# stopped by an op that is not ours (say, a jax.pure_callback that raised),
+# which never counts it as ended, or is another thread's, inside a long op
+# between two callbacks; the barrier stops waiting for it.
 _STALLED_SECONDS = 2.0
-_STALLED_AFTER_FAILURE_SECONDS = 0.5
 
 # (transport name, device id)
 _Key = Tuple[str, int]
@@ -118,37 +121,20 @@ def _on_device(device: Any) -> jax.Array:
   return jax.device_put(np.int32(0), device)
 
 
-def _wait_for_live_arrays() -> Tuple[bool, bool]:
-  """Waits for the computations that make the arrays the program holds.
-
-  Returns whether some were not ready (computations that read them may
-  begin only now) and whether some failed.
-  """
-  arrays = jax.live_arrays()
-  pending = not all(_is_ready(a) for a in arrays)
-  try:
-    jax.block_until_ready(arrays)
-  except Exception:  # pylint: disable=broad-except
-    return pending, True  # a failed computation reports its error there
-  return pending, False
-
-
-def _is_ready(array: jax.Array) -> bool:
-  try:
-    return array.is_ready()
-  except Exception:  # pylint: disable=broad-except
-    return True  # deleted meanwhile
-
-
 class _InFlight:
   """Waits for moments when none of our computations is running, except
-  those given up on (which a foreign op stopped, see _STALLED_SECONDS)."""
+  those given up on: a foreign op stopped them (see _STALLED_SECONDS)."""
 
   def __init__(self) -> None:
     self._lock = threading.Lock()
     self._given_up = 0
 
-  def wait(self, stalled_seconds: float) -> None:
+  def none(self) -> bool:
+    """Whether none is running now, but those given up on."""
+    with self._lock:
+      return executions.counts()[1] <= self._given_up
+
+  def wait(self) -> None:
     executions.reset_low_water()
     delay, last, last_change = 1e-4, None, time.monotonic()
     while True:
@@ -163,9 +149,12 @@ class _InFlight:
       state = (begun, in_flight, sent, waiting)
       if state != last or waiting:
         last, last_change = state, now
-      elif now - last_change >= stalled_seconds:
-        self._give_up(in_flight, now - last_change)
-        return
+      elif now - last_change >= _STALLED_SECONDS:
+        if not probes.single_device_work_finished(_open_devices()):
+          last_change = now  # a long computation, still running
+        else:
+          self._give_up(in_flight, now - last_change)
+          return
       time.sleep(delay)
       delay = min(2 * delay, _POLL_SECONDS)
 
@@ -177,8 +166,9 @@ class _InFlight:
         "host_callback.barrier_wait: %d computation(s) with taps or calls "
         "began and made no progress for %.1f s; not waiting for them. If "
         "one failed in an op that is not host_callback's (its outputs hold "
-        "the error), this is expected; otherwise keep the outputs of "
-        "long computations and the barrier waits for them.", stuck, seconds)
+        "the error), this is expected; otherwise it is another thread's "
+        "computation, running a long op between two callbacks.", stuck,
+        seconds)
 
 
 _in_flight = _InFlight()
@@ -243,20 +233,36 @@ def _marker_round() -> bool:
               for key, sent in sent_before.items()))
 
 
+def _open_devices() -> Set[int]:
+  """The devices whose queues are open, on any transport: a computation of
+  ours opens the queues of its devices when it is lowered."""
+  return {device_id for transport in runtime.transports().values()
+          for device_id in transport.device_ids()}
+
+
+def _idle() -> bool:
+  """Whether there is nothing to wait for: every single-device computation
+  dispatched so far has finished, none of ours is running (another
+  thread's), and every packet they sent was consumed. In this order: a
+  computation that finishes between two checks has sent its packets."""
+  return (probes.single_device_work_finished(_open_devices()) and
+          _in_flight.none() and runtime.queues_drained())
+
+
 def _wait_for_devices() -> None:
   """Waits until every callback of the computations dispatched so far ran.
 
-  One quiet marker round suffices when nothing else happens; after inputs
-  were not ready or packets did arrive, quiet rounds for _SETTLE_SECONDS are
-  needed, since stragglers may still follow.
+  One quiet marker round suffices when nothing else happens; after packets
+  arrived or computations began that the markers did not account for, quiet
+  rounds for _SETTLE_SECONDS are needed, since stragglers may still follow.
   """
-  pending, failed = _wait_for_live_arrays()
-  stalled_seconds = (_STALLED_AFTER_FAILURE_SECONDS if failed
-                     else _STALLED_SECONDS)
-  busy, quiet_since = pending, None
+  probes.wait_for_multi_device_work()
+  if _idle():
+    return
+  busy, quiet_since = False, None
   for _ in range(_MAX_ROUNDS):
     started = time.monotonic()
-    _in_flight.wait(stalled_seconds)
+    _in_flight.wait()
     if not _marker_round():
       busy, quiet_since = True, None
       continue

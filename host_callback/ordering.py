@@ -24,7 +24,7 @@ from typing import Any, Iterator, List
 from jax.extend.core import Primitive, jaxprs_in_params
 
 from . import _jax_adapter as adapter
-from . import executions
+from . import executions, probes
 from ._jax_adapter import mlir
 
 _EFFECT = adapter.host_callback_effect
@@ -46,6 +46,7 @@ host_callback_scope_p.def_effectful_abstract_eval(_abstract_eval)
 
 
 def _lower(ctx: Any, *args: Any, jaxpr: Any) -> List[Any]:
+  probes.note_lowered(adapter.device_count(ctx))
   if not executions.counted(ctx):
     return adapter.lower_scope_body(ctx, jaxpr, args, _EFFECT, lambda t: t,
                                     lambda t: None)

@@ -248,6 +248,13 @@ def queue_statistics() -> Dict[Tuple[str, Any], QueueStats]:
           for device_id in queues.device_ids()}
 
 
+def queues_drained() -> bool:
+  """Whether every packet sent so far, to any queue, has been consumed."""
+  return all(queues.packets_waiting(device_id) == 0
+             for queues in transports().values()
+             for device_id in queues.device_ids())
+
+
 def wait_released() -> None:
   """Waits until the queues have released every packet consumed so far."""
   running = _runtime.running_receiver()

@@ -82,6 +82,9 @@ class Transport(Producer, Protocol):
   def packets_sent(self, device_id: int) -> int:
     """How many packets the device has ever sent."""
 
+  def packets_waiting(self, device_id: int) -> int:
+    """Packets the device has sent that are not consumed yet."""
+
   def device_ids(self) -> List[int]:
     """The devices whose queues are open."""
 

@@ -219,6 +219,9 @@ class NativeTransport:
   def packets_sent(self, device_id: int) -> int:
     return native.stats(device_id)[3]
 
+  def packets_waiting(self, device_id: int) -> int:
+    return native.stats(device_id)[1]
+
   def device_ids(self) -> List[int]:
     with self._lock:
       return list(self._devices)

@@ -223,6 +223,9 @@ class PythonTransport:
   def packets_sent(self, device_id: int) -> int:
     return self._queue(device_id).packets_sent
 
+  def packets_waiting(self, device_id: int) -> int:
+    return self._queue(device_id).packets_waiting
+
   def device_ids(self) -> List[int]:
     with self._lock:
       return list(self._queues)

@@ -1,0 +1,148 @@
+"""barrier_wait without visiting the program's arrays: what an idle barrier
+skips, and the cases a barrier that reads counters could miss (computations
+whose inputs were not ready, over one or several devices, with their outputs
+dropped; a long computation between two callbacks)."""
+
+import threading
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+import pytest
+
+import host_callback as hcb
+from host_callback import barrier, executions, runtime
+from helpers import Recorder, cpu_devices
+
+pytestmark = pytest.mark.usefixtures("both_modes")
+
+
+@jax.jit
+def _busy(x):
+  """A computation without callbacks that keeps a CPU device busy for about
+  0.1-0.3 s: what it returns is not ready when a later one is dispatched."""
+  return jax.lax.fori_loop(0, 30, lambda i, y: jnp.tanh(y @ y), x)
+
+
+def _busy_input(device):
+  x = jax.device_put(jnp.full((700, 700), 1e-3, jnp.float32), device)
+  _busy(x).block_until_ready()  # compile
+  return x
+
+
+def _sent_and_begun():
+  """Packets ever sent, per queue, and our executions ever begun."""
+  sent = {(name, device_id): queues.packets_sent(device_id)
+          for name, queues in runtime.transports().items()
+          for device_id in queues.device_ids()}
+  return sent, executions.counts()[0]
+
+
+@pytest.mark.parametrize("device_index", [0, 3])
+def test_barrier_waits_for_a_step_whose_input_was_not_ready(device_index):
+  """The step waits for `_busy`'s output; its outputs are dropped, so
+  nothing the program holds refers to it."""
+  device = cpu_devices(4)[device_index]
+  recorder = Recorder()
+  step = jax.jit(lambda y: hcb.id_tap(recorder, jnp.sum(y[0, :3])))
+  x = _busy_input(device)
+  step(x)
+  hcb.barrier_wait()
+  recorder.calls.clear()
+
+  for i in range(3):
+    step(_busy(x) + i)  # output dropped at once
+  hcb.barrier_wait()
+  received = [float(a) for a in recorder.args]
+  expected = [float(np.sum(_busy(x)[0, :3]) + 3 * i) for i in range(3)]
+  np.testing.assert_allclose(received, expected, rtol=1e-5)
+
+
+def test_barrier_waits_for_a_pmap_whose_input_was_not_ready():
+  devices = cpu_devices(4)
+  recorder = Recorder()
+  step = jax.pmap(lambda v: hcb.id_tap(recorder, v, tap_with_device=True),
+                  devices=devices)
+  step(jnp.arange(4.0))
+  hcb.barrier_wait()
+  recorder.calls.clear()
+
+  busy = jax.pmap(lambda x, i: _busy(x)[0, 0] * 0.0 + i, devices=devices)
+  x = jnp.full((4, 700, 700), 1e-3, jnp.float32)
+  busy(x, jnp.arange(4.0)).block_until_ready()  # compile
+  step(busy(x, jnp.arange(4.0)))  # waits for busy; output dropped at once
+  hcb.barrier_wait()
+  assert recorder.by_device() == {d.id: [float(i)]
+                                  for i, d in enumerate(devices)}
+
+
+def test_barrier_waits_for_a_long_op_between_two_callbacks(monkeypatch):
+  """A computation waiting for inputs, then inside a foreign op for longer
+  than the barrier's stall time: the barrier still waits for its last tap,
+  since the device has not finished it."""
+  monkeypatch.setattr(barrier, "_STALLED_SECONDS", 0.05)
+  seen = []
+
+  def sleep_then_identity(value):
+    threading.Event().wait(0.5)
+    return value
+
+  @jax.jit
+  def step(y):
+    v = hcb.call(lambda a: (seen.append("call"), a)[1], y[0, 0],
+                 result_shape=y[0, 0])
+    v = jax.pure_callback(sleep_then_identity,
+                          jax.ShapeDtypeStruct(v.shape, v.dtype), v)
+    return hcb.id_tap(lambda a, t: seen.append("tap"), v)
+
+  x = _busy_input(cpu_devices(1)[0])
+  step(x)
+  hcb.barrier_wait()
+  seen.clear()
+  step(_busy(x))  # output dropped at once
+  hcb.barrier_wait()
+  assert seen == ["call", "tap"]
+
+
+@pytest.mark.parametrize("devices", [1, 4])
+def test_an_idle_barrier_dispatches_nothing(devices):
+  recorder = Recorder()
+  for device in cpu_devices(devices):
+    jax.jit(lambda v: hcb.id_tap(recorder, v, tap_with_device=True))(
+        jax.device_put(jnp.float32(device.id), device))
+  hcb.barrier_wait()
+  assert sorted(float(a) for a in recorder.args) == [
+      float(d.id) for d in cpu_devices(devices)]
+  before = _sent_and_begun()
+  for _ in range(3):
+    hcb.barrier_wait()
+  assert _sent_and_begun() == before
+
+
+def test_barrier_waits_for_a_host_function_still_running():
+  """The idle check must not hide work: a tap's host function still runs
+  (on another thread's computation, or on the receiver in the outfeed
+  mode) when the barrier starts."""
+  started, release = threading.Event(), threading.Event()
+  done = []
+
+  def slow(arg, transforms):
+    del transforms
+    started.set()
+    release.wait(10)
+    done.append(float(arg))
+
+  step = jax.jit(lambda v: hcb.id_tap(slow, v))
+  release.set()
+  step(jnp.float32(0))
+  hcb.barrier_wait()
+  done.clear()
+  started.clear()
+  release.clear()
+  thread = threading.Thread(target=step, args=(jnp.float32(1),))
+  thread.start()
+  assert started.wait(10)
+  threading.Timer(0.3, release.set).start()
+  hcb.barrier_wait()
+  assert done == [1.0]
+  thread.join()
