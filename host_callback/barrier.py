@@ -14,7 +14,7 @@ A device runs its single-device computations in dispatch order, on JAX's
 CPU client too (a computation whose inputs are not ready waits, and so does
 every one dispatched after it on that device; see `probes`), so a marker
 follows them. Computations over several devices are ordered among
-themselves only: the barrier first waits for them with a probe over all
+themselves only: the barrier also waits for them, with a probe over two
 local devices. One dispatched by another thread runs beside the markers, so
 before each round of markers the barrier waits for a moment when none of
 our computations is running (they count their executions, see
@@ -256,8 +256,12 @@ def _wait_for_devices() -> None:
   arrived or computations began that the markers did not account for, quiet
   rounds for _SETTLE_SECONDS are needed, since stragglers may still follow.
   """
-  probes.wait_for_multi_device_work()
-  if _idle():
+  multi_device_probe = probes.multi_device_probe()
+  idle = _idle()
+  probes.wait_for(multi_device_probe)
+  # Computations over several devices that waited until now have finished:
+  # in-flight and queue counts see them.
+  if idle and _in_flight.none() and runtime.queues_drained():
     return
   busy, quiet_since = False, None
   for _ in range(_MAX_ROUNDS):

@@ -283,9 +283,6 @@ def test_stop_races_keep_order_and_one_consumer_per_device():
 def test_idle_barrier_visits_the_open_device_queues(devices):
   recorder = Recorder()
   pmap_devices = cpu_devices(devices)
-  # Kept: on CPU the barrier covers a computation whose inputs were not
-  # ready when dispatched through the arrays the program holds ("barrier_wait"
-  # in docs/user_guide.md).
   out = jax.pmap(lambda x: hcb.id_tap(recorder, x, tap_with_device=True),
                  devices=pmap_devices)(jnp.arange(devices))
   hcb.barrier_wait()

@@ -102,9 +102,6 @@ def test_barrier_covers_every_device():
 
   f = jax.pmap(lambda v: hcb.id_tap(slow, v, tap_with_device=True),
                devices=cpu_devices(NDEV))
-  # Kept: on CPU the barrier covers a computation whose inputs were not
-  # ready when dispatched through the arrays the program holds ("barrier_wait"
-  # in docs/user_guide.md).
   outputs = [f(jnp.arange(NDEV) + 10 * step) for step in range(5)]
   hcb.barrier_wait()
   np.testing.assert_array_equal(outputs, [np.arange(NDEV) + 10 * step
@@ -123,9 +120,6 @@ def test_concurrent_prints_do_not_interleave():
         (acc, jnp.full((2, 2), i)), tap_with_device=True, what="w",
         output_stream=stream)[0] + 1, x)
 
-  # Kept: on CPU the barrier covers a computation whose inputs were not
-  # ready when dispatched through the arrays the program holds ("barrier_wait"
-  # in docs/user_guide.md).
   out = jax.pmap(f, devices=cpu_devices(NDEV))(jnp.arange(NDEV) * 100)
   hcb.barrier_wait()
   np.testing.assert_array_equal(out, np.arange(NDEV) * 100 + 25)

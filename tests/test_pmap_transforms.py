@@ -30,9 +30,6 @@ def _tapped(log, scale=1.0):
 def test_jit_of_pmap():
   log = []
   devices = cpu_devices(4)
-  # Kept: on CPU the barrier covers a computation whose inputs were not
-  # ready when dispatched through the arrays the program holds ("barrier_wait"
-  # in docs/user_guide.md).
   out = jax.jit(jax.pmap(_tapped(log), devices=devices))(jnp.arange(4.))
   hcb.barrier_wait()
   np.testing.assert_array_equal(out, np.arange(4.))
@@ -61,9 +58,6 @@ def test_pmap_of_vmap_taps_per_device_in_order():
     return hcb.id_tap(_recorder(log), v + 100, tap_with_device=True)
 
   devices = cpu_devices(4)
-  # Kept: on CPU the barrier covers a computation whose inputs were not
-  # ready when dispatched through the arrays the program holds ("barrier_wait"
-  # in docs/user_guide.md).
   out = jax.pmap(jax.vmap(f), devices=devices)(x)
   hcb.barrier_wait()
   np.testing.assert_array_equal(out, x + 100)

@@ -31,7 +31,7 @@ import statistics
 import time
 from typing import Callable, Dict, List, Optional, Tuple
 
-# Four CPU devices, for the idle barrier row; every other row uses device 0.
+# Four CPU devices, for the barrier rows; every other row uses device 0.
 os.environ.setdefault("XLA_FLAGS", "--xla_force_host_platform_device_count=4")
 
 import jax  # noqa: E402  (after XLA_FLAGS)
@@ -40,6 +40,7 @@ from jax.experimental import io_callback  # noqa: E402
 
 import host_callback as hcb  # noqa: E402
 from host_callback import runtime  # noqa: E402
+from tools import bench_barrier  # noqa: E402
 
 
 def _noop(*args, **kwargs) -> None:
@@ -183,20 +184,6 @@ def _step_time(op: Callable, repeat: int, calls: int = 2000) -> float:
   return _time(run, repeat)[0]
 
 
-def _open_all_devices() -> None:
-  """Taps once on every device, so that the barrier visits every queue."""
-  jax.pmap(lambda x: hcb.id_tap(_noop, x))(jnp.arange(jax.device_count()))
-  hcb.barrier_wait()
-
-
-def _idle_barrier(wait: Callable[[], None], count: int = 2000) -> float:
-  wait()
-  start = time.perf_counter()
-  for _ in range(count):
-    wait()
-  return (time.perf_counter() - start) / count
-
-
 # --- The table -----------------------------------------------------------------
 
 Row = Tuple[str, str, Dict[str, float]]  # scenario, unit, {implementation: value}
@@ -219,6 +206,18 @@ def _synchronous(measure: Callable[[], float]) -> Callable[[], float]:
     finally:
       jax.config.update("jax_host_callback_outfeed", True)
   return run
+
+
+def collect_barrier(quick: bool, repeat: int, only: str = "") -> List[Row]:
+  """The barrier rows (tools/bench_barrier.py) whose scenario matches
+  `only`; they must run before any other row."""
+  transports = runtime.available_transports()
+  scale = 10 if quick else 1
+  wanted = lambda scenario: bool(re.search(only, scenario))  # noqa: E731
+  return (bench_barrier.idle_rows(transports, (0, 1000, 100_000 // scale),
+                                  2000 // scale, wanted) +
+          bench_barrier.training_loop_rows(transports, 1000 // scale, 10_000,
+                                           repeat, wanted))
 
 
 def collect(quick: bool, repeat: int, only: str = "") -> List[Row]:
@@ -332,17 +331,6 @@ def collect(quick: bool, repeat: int, only: str = "") -> List[Row]:
   add("call round trip of 32 MiB f32[8,1024,1024] (x+1)", "ms",
       lambda make: 1e3 * _one_shot_times(make(plus_one), big, repeat)[0],
       CALLERS, _call_hcb)
-  for label, prepare in (("1 device", lambda: None),
-                         (f"{jax.device_count()} devices", _open_all_devices)):
-    scenario = f"idle barrier_wait, {label} (jax: effects_barrier)"
-    if not re.search(only, scenario):
-      continue
-    rows.append((scenario, "µs", {
-        **{f"hcb[{t}]": _with_transport(
-            t, lambda: (prepare(), 1e6 * _idle_barrier(hcb.barrier_wait))[1])
-           for t in transports},
-        "debug.callback": 1e6 * _idle_barrier(jax.effects_barrier),
-        "io_callback": 1e6 * _idle_barrier(jax.effects_barrier)}))
   return rows
 
 
@@ -439,10 +427,13 @@ def main() -> None:
   parser.add_argument("--write", metavar="DOCS_DIR",
                       help="also write DOCS_DIR/benchmarks.md and a plot")
   options = parser.parse_args()
+  barrier_rows = collect_barrier(options.quick, options.repeat, options.only)
   rows = collect(options.quick, options.repeat, options.only)
   table = format_table(rows)
+  barrier_table = format_table(barrier_rows)
   print(machine())
-  print(table)
+  print("\n\n".join(t for t, r in ((table, rows), (barrier_table, barrier_rows))
+                    if r))
   if options.write:
     image = plot(rows, os.path.join(options.write, "benchmarks.png"))
     with open(os.path.join(options.write, "benchmarks.md"), "w") as out:
@@ -452,6 +443,11 @@ def main() -> None:
       out.write(table + "\n")
       if image:
         out.write("\n![Per-step cost](benchmarks.png)\n")
+      out.write("\n## barrier_wait\n\nAn idle barrier (nothing pending) "
+                "at several numbers of live arrays, beside "
+                "`jax.effects_barrier()`, and a training loop with a barrier "
+                "every step against the same loop without it (ratio above "
+                "0.98: within 2%).\n\n" + barrier_table + "\n")
 
 
 if __name__ == "__main__":

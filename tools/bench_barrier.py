@@ -1,0 +1,146 @@
+"""The barrier rows of `tools.bench`: an idle `barrier_wait` at several
+numbers of live arrays, devices and both modes, beside
+`jax.effects_barrier()`, and a training loop with a barrier every step.
+
+They run first, in a fresh process: which device queues are open (one
+device, then four) and whether a computation over several devices ran
+change what an idle barrier does.
+"""
+
+from __future__ import annotations
+
+import time
+from typing import Callable, Dict, List, Tuple
+
+import jax
+import jax.numpy as jnp
+
+import host_callback as hcb
+
+Row = Tuple[str, str, Dict[str, float]]
+
+
+def _noop(*args, **kwargs) -> None:
+  return None
+
+
+def _per_call(wait: Callable[[], None], count: int) -> float:
+  """Microseconds per call of `wait`, after one call."""
+  wait()
+  start = time.perf_counter()
+  for _ in range(count):
+    wait()
+  return 1e6 * (time.perf_counter() - start) / count
+
+
+def _tap_on(devices: List[jax.Device]) -> None:
+  """One single-device tap on each device (opens its queues)."""
+  tap = jax.jit(lambda x: hcb.id_tap(_noop, x))
+  for device in devices:
+    tap(jax.device_put(jnp.float32(0), device))
+  hcb.barrier_wait()
+
+
+def _tap_in_pmap(devices: List[jax.Device]) -> None:
+  jax.pmap(lambda x: hcb.id_tap(_noop, x), devices=devices)(
+      jnp.arange(float(len(devices))))
+  hcb.barrier_wait()
+
+
+def _in_mode(transport: str, synchronous: bool, measure: Callable[[], float]
+             ) -> float:
+  jax.config.update("jax_host_callback_transport", transport)
+  jax.config.update("jax_host_callback_outfeed", not synchronous)
+  try:
+    return measure()
+  finally:
+    jax.config.update("jax_host_callback_transport", "auto")
+    jax.config.update("jax_host_callback_outfeed", True)
+
+
+def idle_rows(transports: List[str], array_counts: Tuple[int, ...],
+              count: int, wanted: Callable[[str], bool]) -> List[Row]:
+  """Idle barrier rows: one device, then every device with single-device
+  taps, then every device after a tap in a pmap; at each number of live
+  arrays and in both modes."""
+  devices = jax.devices()
+  setups = [("1 device", devices[:1], _tap_on),
+            (f"{len(devices)} devices", devices, _tap_on),
+            (f"{len(devices)} devices after a pmap", devices, _tap_in_pmap)]
+  rows: List[Row] = []
+  for label, setup_devices, setup in setups:
+    for arrays in array_counts:
+      held = [jnp.full((2,), i, jnp.float32) for i in range(arrays)]
+      jax.block_until_ready(held)
+      for synchronous in (True, False):
+        mode = "synchronous" if synchronous else "outfeed"
+        scenario = (f"idle barrier_wait, {label}, {arrays} live arrays "
+                    f"({mode}; jax: effects_barrier)")
+        if not wanted(scenario):
+          continue
+        values = {}
+        for t in transports:
+          _in_mode(t, synchronous, lambda: setup(setup_devices))
+          values[f"hcb[{t}]"] = _in_mode(
+              t, synchronous, lambda: _per_call(hcb.barrier_wait, count))
+        values["effects_barrier"] = _per_call(jax.effects_barrier, count)
+        rows.append((scenario, "µs", values))
+      del held
+  return rows
+
+
+def _training_step() -> Tuple[Callable, jax.Array]:
+  """A jitted step of about 1 ms on a 2-core CPU, with one tap."""
+  weights = jnp.full((384, 384), 1e-3, jnp.float32)
+
+  @jax.jit
+  def step(x):
+    for _ in range(4):
+      x = jnp.tanh(x @ weights)
+    return hcb.id_tap(_noop, jnp.sum(x)), x
+  return step, jnp.ones((384, 384), jnp.float32)
+
+
+def _loop_time(step: Callable, x: jax.Array, steps: int, repeat: int,
+               barrier: bool) -> float:
+  """Median ms per step of `steps` calls of `step`, with a barrier_wait
+  after each one if `barrier`."""
+  times = []
+  for _ in range(repeat):
+    start = time.perf_counter()
+    y = x
+    for _ in range(steps):
+      _, y = step(y)
+      if barrier:
+        hcb.barrier_wait()
+    jax.block_until_ready(y)
+    hcb.barrier_wait()
+    times.append(1e3 * (time.perf_counter() - start) / steps)
+  return sorted(times)[len(times) // 2]
+
+
+def training_loop_rows(transports: List[str], steps: int, arrays: int,
+                       repeat: int, wanted: Callable[[str], bool]) -> List[Row]:
+  """ms per step of a loop of a 1 ms step with a tap, with a barrier_wait
+  every step, against the same loop without it; `arrays` live arrays."""
+  rows: List[Row] = []
+  held = [jnp.full((2,), i, jnp.float32) for i in range(arrays)]
+  step, x = _training_step()
+  for t in transports:
+    for synchronous in (True, False):
+      mode = "synchronous" if synchronous else "outfeed"
+      scenario = (f"{steps}-step loop of a ~1 ms jitted step with a tap, "
+                  f"barrier_wait every step, {arrays} live arrays ({t}, "
+                  f"{mode})")
+      if not wanted(scenario):
+        continue
+      def loop(barrier: bool, steps: int = steps, repeat: int = repeat
+               ) -> float:
+        return _in_mode(t, synchronous,
+                        lambda: _loop_time(step, x, steps, repeat, barrier))
+      loop(False, steps=20, repeat=1)  # compile and warm up
+      without = loop(False)
+      rows.append((scenario, "ms",
+                   {f"hcb[{t}]": loop(True), "no barrier": without}))
+  del held
+  return rows
