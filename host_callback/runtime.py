@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import atexit
 import dataclasses
 import functools
 import itertools
@@ -232,11 +233,25 @@ def raise_recorded_error() -> None:
   the outfeed mode a `call`'s error is, as the original's was.
   """
   errors = _runtime.errors
-  if errors.delivered_pending():  # JAX would raise it again at exit
-    adapter.forget_failed_runtime_tokens(
-        lambda error: "host_callback" in str(error), timeout=1.0)
+  if errors.delivered_pending():
+    _forget_delivered_errors()
   errors.raise_if_any(
       include_delivered=settings.outfeed_mode(jax.default_backend()))
+
+
+def _forget_delivered_errors() -> None:
+  """Drops this thread's JAX runtime tokens of computations that failed with
+  an error of ours: the failed computation reported it, and JAX would raise
+  it again at `jax.effects_barrier()` and at exit."""
+  adapter.forget_failed_runtime_tokens(
+      lambda error: "host_callback" in str(error), timeout=1.0)
+
+
+def _forget_delivered_errors_at_exit() -> None:
+  """Registered when this module loads, after JAX's own exit handlers, so
+  that it runs before them (atexit runs the last registered first)."""
+  if _runtime.errors.ever_delivered():
+    _forget_delivered_errors()
 
 
 def queue_statistics() -> Dict[Tuple[str, Any], QueueStats]:
@@ -278,17 +293,20 @@ def set_exit_barrier(barrier_wait: Callable[[str], None]) -> None:
 
 
 def _drain_at_exit() -> None:
+  """Drains the queues. As the original's did, the barrier raises an error
+  that no barrier raised yet, and Python prints it ("Exception ignored in
+  atexit callback")."""
   try:
     _runtime.check_usable()
   except RuntimeError:
     return  # a forked child: nothing of ours to drain
-  for barrier_wait in _exit_barrier:
-    try:
+  try:
+    for barrier_wait in _exit_barrier:
       barrier_wait("at_exit")
-    except Exception:  # pylint: disable=broad-except
-      pass  # already logged when it happened
-  _runtime.shut_down()
+  finally:
+    _runtime.shut_down()
 
 
 _runtime = Runtime(_make_transports, settings.queue_bytes,
                    at_exit=_drain_at_exit)
+atexit.register(_forget_delivered_errors_at_exit)

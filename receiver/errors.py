@@ -7,6 +7,8 @@ import threading
 import traceback
 from typing import Optional, Tuple
 
+from . import interrupts
+
 logger = logging.getLogger("host_callback")
 
 
@@ -22,8 +24,8 @@ class ErrorLog:
   its caller got it already. `raise_if_any` leaves delivered errors out when
   asked to, so that in the synchronous mode an error is raised once.
 
-  The lock guards `_last`, `_last_undelivered` and `_any_delivered`; any
-  thread may record, the barrier takes.
+  The lock guards `_last`, `_last_undelivered`, `_any_delivered` and
+  `_ever_delivered`; any thread may record, the barrier takes.
   """
 
   def __init__(self) -> None:
@@ -31,21 +33,27 @@ class ErrorLog:
     self._last: Optional[Tuple[BaseException, str]] = None
     self._last_undelivered: Optional[Tuple[BaseException, str]] = None
     self._any_delivered = False
+    self._ever_delivered = False
 
   def record(self, error: BaseException, *, delivered: bool = False) -> None:
     """Logs `error` with its traceback and keeps it for the next barrier.
 
     `delivered`: the error also fails the device computation that waits for
     the host function (a request answered with it, or a direct run that
-    raised it to the device).
+    raised it to the device). A delivered Ctrl-C on the main thread is not
+    kept: it reaches that thread, which waits, as a KeyboardInterrupt (see
+    `interrupts`), and is no host function's failure.
     """
+    if delivered and interrupts.stopped_main_thread(error):
+      logger.debug("A host function was interrupted: %r", error)
+      return
     formatted = "".join(traceback.format_exception(error))
     logger.error("Postponing exception raised in callback function: %s",
                  formatted)
     with self._lock:
       self._last = (error, formatted)
       if delivered:
-        self._any_delivered = True
+        self._any_delivered = self._ever_delivered = True
       else:
         self._last_undelivered = self._last
 
@@ -54,6 +62,12 @@ class ErrorLog:
     device computation."""
     with self._lock:
       return self._any_delivered
+
+  def ever_delivered(self) -> bool:
+    """Whether an error recorded since the process started failed a device
+    computation."""
+    with self._lock:
+      return self._ever_delivered
 
   def raise_if_any(self, *, include_delivered: bool = True) -> None:
     """Raises `CallbackException` for the last recorded error (the last one

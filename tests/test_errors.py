@@ -330,6 +330,79 @@ def test_synchronous_pmap_error_is_not_reported_again_at_exit(transport):
   assert "CallbackException" not in done.stderr, done.stderr
 
 
+_FAILING_SYNCHRONOUS_COMPUTATIONS = {
+    "pmap": """
+      f = jax.pmap(lambda x: hcb.id_tap(broken, x) * 2.0)
+      run = lambda: f(jnp.ones(2)).block_until_ready()
+      """,
+    "sharded jit": """
+      mesh = jax.sharding.Mesh(jax.devices()[:2], ("d",))
+      sharding = jax.sharding.NamedSharding(mesh, jax.sharding.PartitionSpec("d"))
+      x = jax.device_put(jnp.ones(2), sharding)
+      run = lambda: jax.jit(lambda v: hcb.id_tap(broken, v) * 2.0)(
+          x).block_until_ready()
+      """,
+    "pmap on two threads": """
+      f = jax.pmap(lambda x: hcb.id_tap(broken, x) * 2.0)
+      def run():
+        outcomes = []
+        def worker():
+          try:
+            f(jnp.ones(2)).block_until_ready()
+          except Exception as error:
+            outcomes.append(error)
+        thread = threading.Thread(target=worker)
+        thread.start()
+        try:
+          f(jnp.ones(2)).block_until_ready()
+        finally:
+          thread.join()
+          assert len(outcomes) == 1, outcomes
+      """,
+}
+
+
+@pytest.mark.parametrize("failing", sorted(_FAILING_SYNCHRONOUS_COMPUTATIONS))
+def test_a_failed_synchronous_computation_is_the_only_report_at_exit(
+    transport, failing):
+  """Issue 33 item 1: the program handles the failed computation's error
+  and never calls the barrier; at exit nothing is reported again (JAX kept
+  the failure in its runtime tokens)."""
+  done = run_python("""
+      import threading, jax, jax.numpy as jnp, host_callback as hcb
+      def broken(a, t):
+        raise ValueError("boom")
+      """ + _FAILING_SYNCHRONOUS_COMPUTATIONS[failing] + """
+      try:
+        run()
+      except Exception as error:
+        print("raised", type(error).__name__)
+      print("END")
+      """, transport=transport, timeout=120)
+  assert done.returncode == 0, done.stderr
+  assert done.stdout == "raised JaxRuntimeError\nEND\n", done.stderr
+  assert "Exception ignored" not in done.stderr, done.stderr
+  assert "CallbackException" not in done.stderr, done.stderr
+
+
+def test_an_error_no_barrier_raised_is_reported_at_exit(transport):
+  """As the original's exit handler did: the drain at exit raises the tap's
+  error, which no barrier raised, and Python prints it once."""
+  done = run_python("""
+      import jax, host_callback as hcb
+      def broken(a, t):
+        raise ValueError("never seen by a barrier")
+      jax.jit(lambda x: hcb.id_tap(broken, x) + 1)(1)
+      print("END")
+      """, env=OUTFEED, transport=transport, timeout=120)
+  assert done.stdout == "END\n", done.stderr
+  assert done.stderr.count("Exception ignored in atexit callback") == 1, (
+      done.stderr)
+  assert ("CallbackException: There were exceptions during callback "
+          "processing") in done.stderr, done.stderr
+  assert "ValueError: never seen by a barrier" in done.stderr, done.stderr
+
+
 @pytest.mark.parametrize("tap_func, shown", [
     (lambda a: None, "<lambda>(a)"),
     (lambda a, t, b: None, "<lambda>(a, t, b)"),

@@ -106,3 +106,56 @@ print("after:", float(f(jnp.float32(0))))
     assert ended in CTRL_C_INTERRUPTED, (done.stdout, done.stderr)
     assert int(seconds) < 30, done.stdout  # not after the host function
   assert lines[2:] == ["no stray interrupt", "after: 1.0"], done.stdout
+
+
+@pytest.mark.parametrize("mode", ["synchronous", "outfeed"])
+def test_a_delivered_ctrl_c_is_not_raised_again_by_the_barrier(transport,
+                                                               mode):
+  """Issue 33 item 2: Ctrl-C stopped a slow `call` and reached the waiting
+  main thread; a later, unrelated barrier raises nothing."""
+  done = run_python(CTRL_C_OUTCOME + """
+import time, jax, jax.numpy as jnp, host_callback as hcb
+
+def slow(x):
+  time.sleep(float(x))
+  return x + 1
+
+f = jax.jit(lambda x: hcb.call(slow, x, result_shape=x))
+f(jnp.float32(0)).block_until_ready()
+print(outcome(lambda: f(jnp.float32(60)).block_until_ready(), after=0.3))
+try:
+  time.sleep(0.5)  # a re-armed interrupt lands here at the latest
+except KeyboardInterrupt:
+  print("interrupted late")
+print("after:", float(f(jnp.float32(0))))
+try:
+  hcb.barrier_wait()
+  print("barrier: nothing raised")
+except hcb.CallbackException as error:
+  print("barrier raised:", "KeyboardInterrupt" in str(error))
+""", env=OUTFEED if mode == "outfeed" else None, transport=transport)
+  lines = done.stdout.splitlines()
+  assert len(lines) == 3, (done.stdout, done.stderr)
+  assert lines[0] in CTRL_C_INTERRUPTED, (done.stdout, done.stderr)
+  assert lines[1:] == ["after: 1.0", "barrier: nothing raised"], (
+      done.stdout, done.stderr)
+
+
+def test_a_tap_that_raises_keyboard_interrupt_is_still_reported(transport):
+  """A tap in the outfeed mode that raises KeyboardInterrupt itself: no
+  thread waits on it, so the barrier reports it, as any tap's error."""
+  done = run_python("""
+import jax, host_callback as hcb
+
+def tap(a, t):
+  raise KeyboardInterrupt("from the tap")
+
+jax.jit(lambda v: hcb.id_tap(tap, v))(1.0)
+try:
+  hcb.barrier_wait()
+  print("barrier: nothing raised")
+except hcb.CallbackException as error:
+  print("barrier raised:", type(error.__cause__).__name__)
+""", env=OUTFEED, transport=transport)
+  assert done.stdout.splitlines() == ["barrier raised: KeyboardInterrupt"], (
+      done.stdout, done.stderr)
