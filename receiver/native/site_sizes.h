@@ -4,7 +4,7 @@
 // would misread.
 //
 // The extension module registers and forgets sites with the GIL; device
-// threads check their arrays (the FFI handlers, ffi_common.cc:CheckSite).
+// threads check their arrays (the FFI handlers, ffi_common.h:SiteArgs).
 // `mu_` (shared for checks) guards `sizes_`.
 
 #ifndef HOST_CALLBACK_RECEIVER_NATIVE_SITE_SIZES_H_
