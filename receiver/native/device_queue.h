@@ -7,8 +7,8 @@
 // Python receiver, through the extension module); any thread may wait for
 // finished packets. `mu` guards every non-atomic field, including the direct
 // runs' claim (direct_runs.h), which Take respects. A large packet's block
-// comes from the queue's BlockPool, outside `mu`; the reply table of Calls
-// is asked outside `mu` too.
+// is acquired from the queue's BlockPool, and the reply table of Calls is
+// asked, with `mu` unlocked.
 
 #ifndef HOST_CALLBACK_RECEIVER_NATIVE_DEVICE_QUEUE_H_
 #define HOST_CALLBACK_RECEIVER_NATIVE_DEVICE_QUEUE_H_

@@ -8,21 +8,24 @@
 
 namespace hcb {
 
+namespace {
+
+constexpr bool Same(Code ours, ffi::ErrorCode xla) {
+  return static_cast<int>(ours) == static_cast<int>(xla);
+}
+
+}  // namespace
+
 // Code uses XLA's numbers for the codes it has.
-static_assert(static_cast<int>(Code::kCancelled) ==
-              static_cast<int>(ffi::ErrorCode::kCancelled));
-static_assert(static_cast<int>(Code::kInvalidArgument) ==
-              static_cast<int>(ffi::ErrorCode::kInvalidArgument));
-static_assert(static_cast<int>(Code::kNotFound) ==
-              static_cast<int>(ffi::ErrorCode::kNotFound));
-static_assert(static_cast<int>(Code::kFailedPrecondition) ==
-              static_cast<int>(ffi::ErrorCode::kFailedPrecondition));
-static_assert(static_cast<int>(Code::kResourceExhausted) ==
-              static_cast<int>(ffi::ErrorCode::kResourceExhausted));
-static_assert(static_cast<int>(Code::kInternal) ==
-              static_cast<int>(ffi::ErrorCode::kInternal));
-static_assert(static_cast<int>(Code::kUnavailable) ==
-              static_cast<int>(ffi::ErrorCode::kUnavailable));
+static_assert(Same(Code::kCancelled, ffi::ErrorCode::kCancelled) &&
+              Same(Code::kInvalidArgument, ffi::ErrorCode::kInvalidArgument) &&
+              Same(Code::kNotFound, ffi::ErrorCode::kNotFound) &&
+              Same(Code::kFailedPrecondition,
+                   ffi::ErrorCode::kFailedPrecondition) &&
+              Same(Code::kResourceExhausted,
+                   ffi::ErrorCode::kResourceExhausted) &&
+              Same(Code::kInternal, ffi::ErrorCode::kInternal) &&
+              Same(Code::kUnavailable, ffi::ErrorCode::kUnavailable));
 
 ffi::Error StatusError(const Status& status) {
   return ffi::Error(static_cast<ffi::ErrorCode>(status.code), status.message);
