@@ -71,14 +71,25 @@ class OptionalBuildExt(build_ext):
       warn(f"the native transport could not be compiled ({error})")
 
 
+# The native core by part (see docs/architecture.md, "The native parts").
+SOURCES = (
+    "block_pool.cc", "device_queue.cc", "calls.cc", "direct_runs.cc",
+    "interrupts.cc", "receiver_link.cc", "site_sizes.cc", "hub.cc",
+    "ffi_common.cc", "ffi_cpu.cc",
+    "module.cc", "python_hooks.cc", "python_runner.cc", "python_sites.cc",
+    "py_memory.cc",
+)
+HEADERS = (
+    "status.h", "packet.h", "waits.h", "block_pool.h", "device_queue.h",
+    "calls.h", "direct_runs.h", "interrupts.h", "receiver_link.h",
+    "site_sizes.h", "hub.h", "executions.h", "ffi_common.h", "ffi_cpu.h",
+    "python_hooks.h", "python_runner.h", "python_sites.h", "py_memory.h",
+)
+
 native = Extension(
     "host_callback.receiver._native",
-    sources=[os.path.join(NATIVE_DIR, name)
-             for name in ("hub.cc", "ffi_handlers.cc", "module.cc",
-                          "python_runner.cc", "py_memory.cc")],
-    depends=[os.path.join(NATIVE_DIR, name)
-             for name in ("hub.h", "executions.h", "ffi_handlers.h",
-                          "python_runner.h", "py_memory.h")],
+    sources=[os.path.join(NATIVE_DIR, name) for name in SOURCES],
+    depends=[os.path.join(NATIVE_DIR, name) for name in HEADERS],
     language="c++",
     extra_compile_args=["-std=c++17", "-O2", "-g0", "-fvisibility=hidden"],
 )

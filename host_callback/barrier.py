@@ -187,10 +187,10 @@ def _queue_activity() -> Tuple[int, int]:
 def _run_marker(marker: Any, on_device: jax.Array, number: int) -> None:
   """Runs a marker. Ctrl-C that stops it fails its computation and is
   re-armed for the next line of Python (receiver/interrupts.py, or
-  Hub::RearmOnMainThread): this handler, inside the caller's `with` of the
-  marker's settings, whose exit it would otherwise stop half-way, leaving
-  this thread on the marker's transport and mode. Where none is pending,
-  an error that names the KeyboardInterrupt is raised as one."""
+  Interrupts::RearmOnMainThread): this handler, inside the caller's `with`
+  of the marker's settings, whose exit it would otherwise stop half-way,
+  leaving this thread on the marker's transport and mode. Where none is
+  pending, an error that names the KeyboardInterrupt is raised as one."""
   try:
     marker(on_device, number)
   except Exception as error:  # pylint: disable=broad-except

@@ -5,8 +5,8 @@ the host (in a host function run there, or in the wait for a `call`'s reply)
 fails that computation. Python has consumed the signal by then, so whoever
 catches the failure would not see a KeyboardInterrupt: the native transport
 re-arms Ctrl-C from C++ once the Python code of the callback has returned
-(`Hub::RearmOnMainThread`). The Python transport's callbacks are called by
-JAX, which turns any exception into its own runtime error; re-arming from
+(`native/interrupts.h:Interrupts::RearmOnMainThread`). The Python
+transport's callbacks are called by JAX, which turns any exception into its own runtime error; re-arming from
 Python inside the callback would fire at once, in JAX's frame, and be turned
 too. So the exception that leaves the callback carries a guard that re-arms
 Ctrl-C when it is freed, which happens in JAX's C++ after it has read the

@@ -16,7 +16,7 @@ from .packets import Packet, error_message
 
 _logger = logging.getLogger("host_callback")
 # hcb's reply outcome when the results' sizes are not the device's
-# (hub.h:ReplyOutcome).
+# (calls.h:ReplyOutcome).
 _REPLY_SIZE_MISMATCH = 2
 
 

@@ -2,11 +2,11 @@
 `receiver/native/`): whether it is built, what it hands to XLA, and the
 functions of it that other modules use.
 
-The module (`native/module.cc`) wraps the hub of device queues
-(`native/hub.h`), the count of executions in flight (`native/executions.h`),
-the direct runner that calls host functions from the device thread
-(`native/python_runner.h`) and `Memory`, the owner of memory lent to host
-functions. Its functions raise `MemoryError` or `RuntimeError` when the C++
+The module (`native/module.cc`) wraps the hub of device queues, block
+pool and replies (`native/hub.h`), the count of executions in flight
+(`native/executions.h`), the direct runner that calls host functions from
+the device thread (`native/python_runner.h`) and `Memory`, the owner of
+memory lent to host functions. Its functions raise `MemoryError` or `RuntimeError` when the C++
 side fails, and release the GIL while they wait or copy much.
 """
 

@@ -17,7 +17,8 @@ import numpy as np
 
 from .native_library import native
 
-# Packets this large are lent in blocks instead of copied (hub.h:kLargePacket).
+# Packets this large are lent in blocks instead of copied
+# (native/packet.h:kLargePacket).
 LARGE_PACKET_BYTES = 256 << 10
 
 

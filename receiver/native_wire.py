@@ -1,6 +1,6 @@
 """The native transport's wire format, and its callback sites.
 
-A packet is a 64-byte header (`native/hub.h:PacketHeader`) followed by its
+A packet is a 64-byte header (`native/packet.h:PacketHeader`) followed by its
 arrays, each starting at a multiple of 16 bytes. It carries a site id
 instead of shapes: `register_site` records, at lowering time, the consumer
 and the array layout of each callback site, here and in the extension

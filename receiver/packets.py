@@ -13,7 +13,7 @@ POLL_SECONDS = 0.05
 
 # What a packet waiting in a Python queue costs beyond its arrays' data,
 # counted in the queue's byte bound as the native transport counts its
-# 64-byte packet header (kHeaderBytes in native/hub.h) and array alignment.
+# 64-byte packet header (kHeaderBytes in native/packet.h) and array alignment.
 # Measured as the growth of the resident set per queued packet (CPython 3.11
 # and 3.12, NumPy 2): a Packet and its list take 136 bytes, and each NumPy
 # array with its own data allocation 176 bytes more than its data. Without

@@ -30,7 +30,7 @@ class Producer(Protocol):
   The Python transport also has `send(device_id, site, arrays)` and
   `request(device_id, site, arrays) -> arrays`, which JAX's Python callbacks
   call on the device thread; the native transport's device side is C++
-  (`receiver/native/ffi_handlers.cc`).
+  (`receiver/native/ffi_cpu.cc`).
   """
 
   name: str

@@ -36,7 +36,7 @@ BATCH_BYTES = 512 << 10
 # host function keeps do not keep much unused memory alive.
 MIN_BUFFER_BYTES = 16 << 10
 
-_INDEX_COLUMNS = 6  # take's index rows, see hub.h:IndexEntry
+_INDEX_COLUMNS = 6  # take's index rows, see packet.h:IndexEntry
 
 
 class _Device:

@@ -149,7 +149,7 @@ def test_nested_taps_beyond_the_queue_bound(transport, both_modes, outer,
   """A host function whose JAX code taps more than the bound on its own
   device goes on: it does not wait for room that only it could make."""
   if transport == "native" and both_modes == "outfeed":
-    # Hub::Send waits for room while the device runs a host function
+    # DeviceQueue::Push waits for room while the device runs a host function
     # directly (the consumer takes nothing), or on the consumer thread.
     pytest.skip("native: a host function's taps wait for room that only "
                 "they could make")

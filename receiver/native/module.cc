@@ -1,7 +1,8 @@
 // host_callback.receiver._native: the CPython extension module over the hub
-// (queues, pool, replies), the executions count and the direct runner. The
-// Python side is receiver/native_library.py (docs of each function) and
-// receiver/transport_native.py.
+// (hub.h: queues, pool, replies, sites), the executions count and the
+// direct runner; the functions that set the hooks into Python are in
+// python_hooks.cc. The Python side is receiver/native_library.py (docs of
+// each function) and receiver/transport_native.py.
 //
 // Every function that waits or copies much releases the GIL meanwhile. C++
 // exceptions become Python exceptions: std::bad_alloc a MemoryError, any
@@ -21,10 +22,11 @@
 #include <vector>
 
 #include "executions.h"
-#include "ffi_handlers.h"
+#include "ffi_cpu.h"
 #include "hub.h"
 #include "py_memory.h"
-#include "python_runner.h"
+#include "python_hooks.h"
+#include "python_sites.h"
 
 namespace {
 
@@ -53,6 +55,21 @@ PyObject* Guard(Body body) noexcept {
   return nullptr;
 }
 
+// Runs `body()` with the GIL released; its C++ exception is rethrown once
+// the GIL is back.
+template <typename Body>
+void WithoutGil(Body body) {
+  std::exception_ptr failure;
+  Py_BEGIN_ALLOW_THREADS
+  try {
+    body();
+  } catch (...) {
+    failure = std::current_exception();
+  }
+  Py_END_ALLOW_THREADS
+  if (failure) std::rethrow_exception(failure);
+}
+
 // A list of Python ints as int64s; false with an exception set.
 bool Int64s(PyObject* list, std::vector<int64_t>* out) {
   PyObject* sequence = PySequence_Fast(list, "expected a sequence of ints");
@@ -66,55 +83,6 @@ bool Int64s(PyObject* list, std::vector<int64_t>* out) {
   Py_DECREF(sequence);
   return !PyErr_Occurred();
 }
-
-// --- Hooks into Python, called by device threads -----------------------
-
-PyObject* restart_callable = nullptr;  // owned; guarded by the GIL
-
-// Hub's RestartHook: calls Python's restart function with the GIL.
-int Restart() {
-  PyGILState_STATE gil = PyGILState_Ensure();
-  int failed = 1;
-  if (restart_callable != nullptr) {
-    PyObject* result = PyObject_CallNoArgs(restart_callable);
-    failed = result == nullptr;
-    Py_XDECREF(result);
-    if (failed) PyErr_Clear();  // the device fails: "cannot start again"
-  }
-  PyGILState_Release(gil);
-  return failed;
-}
-
-PyObject* nested_callable = nullptr;  // owned; guarded by the GIL
-
-// Hub's NestedConsumer: calls Python's nested consumer with the GIL.
-int ConsumeNested(int64_t device_id) {
-  PyGILState_STATE gil = PyGILState_Ensure();
-  int failed = 1;
-  if (nested_callable != nullptr) {
-    PyObject* result = PyObject_CallFunction(nested_callable, "L",
-                                             static_cast<long long>(device_id));
-    failed = result == nullptr;
-    Py_XDECREF(result);
-    if (failed) {
-      PyErr_WriteUnraisable(nested_callable);  // logged; the device fails
-    }
-  }
-  PyGILState_Release(gil);
-  return failed;
-}
-
-// Hub's InterruptHook: Python's PyOS_InterruptOccurred, which on the main
-// thread reports (and clears) a pending Ctrl-C without running Python code.
-int InterruptOccurred() {
-  PyGILState_STATE gil = PyGILState_Ensure();
-  const int occurred = PyOS_InterruptOccurred();
-  PyGILState_Release(gil);
-  return occurred;
-}
-
-// Hub's Rearm (callable without the GIL).
-void Rearm() { PyErr_SetInterrupt(); }
 
 // --- Module functions ----------------------------------------------------
 
@@ -143,60 +111,12 @@ PyObject* Attach(PyObject*, PyObject* args) {
   Py_RETURN_NONE;
 }
 
-PyObject* Detach(PyObject*, PyObject*) { return PyBool_FromLong(hub().Detach()); }
-
-// Keeps `callable` in `*slot` and hands the hub `hook`, which calls it; or,
-// for None, hands the hub no hook and drops the callable.
-template <typename Hook>
-PyObject* SetPythonHook(PyObject* callable, PyObject** slot, Hook hook,
-                        void (hcb::Hub::*set)(Hook)) {
-  if (callable == Py_None) {
-    (hub().*set)(nullptr);
-    Py_CLEAR(*slot);
-  } else {
-    Py_INCREF(callable);
-    Py_XSETREF(*slot, callable);
-    (hub().*set)(hook);
-  }
-  Py_RETURN_NONE;
-}
-
-PyObject* SetRestartHook(PyObject*, PyObject* callable) {
-  return SetPythonHook(callable, &restart_callable, Restart,
-                       &hcb::Hub::SetRestartHook);
-}
-
-PyObject* SetNestedConsumer(PyObject*, PyObject* callable) {
-  return SetPythonHook(callable, &nested_callable, ConsumeNested,
-                       &hcb::Hub::SetNestedConsumer);
+PyObject* Detach(PyObject*, PyObject*) {
+  return PyBool_FromLong(hub().Detach());
 }
 
 PyObject* WakeConsumers(PyObject*, PyObject*) {
   hub().WakeConsumers();
-  Py_RETURN_NONE;
-}
-
-PyObject* SetDirectRunner(PyObject*, PyObject* args) {
-  PyObject *runner, *wire;
-  if (!PyArg_ParseTuple(args, "OO", &runner, &wire)) return nullptr;
-  if (runner == Py_None || wire == Py_None) {
-    hub().SetDirectRunner(nullptr);
-    hcb::python::SetRunner(nullptr, nullptr);
-  } else {
-    hcb::python::SetRunner(runner, wire);
-    hub().SetDirectRunner(hcb::python::Run);
-  }
-  Py_RETURN_NONE;
-}
-
-PyObject* SetInterruptThread(PyObject*, PyObject* args) {
-  unsigned long long main_thread;
-  if (!PyArg_ParseTuple(args, "K", &main_thread)) return nullptr;
-  if (main_thread == 0) {
-    hub().SetInterruptHook(nullptr, nullptr, 0);
-  } else {
-    hub().SetInterruptHook(InterruptOccurred, Rearm, main_thread);
-  }
   Py_RETURN_NONE;
 }
 
@@ -215,7 +135,7 @@ PyObject* RegisterSite(PyObject*, PyObject* args) {
     return nullptr;
   }
   return Guard([&] {
-    hub().RegisterSite(site, sizes);
+    hub().sites().Register(site, sizes);
     Py_RETURN_NONE;
   });
 }
@@ -224,7 +144,7 @@ PyObject* UnregisterSite(PyObject*, PyObject* arg) {
   const long long site = PyLong_AsLongLong(arg);
   if (PyErr_Occurred()) return nullptr;
   hcb::python::UnregisterSite(site);
-  return PyBool_FromLong(hub().UnregisterSite(site));
+  return PyBool_FromLong(hub().sites().Unregister(site));
 }
 
 PyObject* OpenDevice(PyObject*, PyObject* arg) {
@@ -242,7 +162,7 @@ PyObject* Release(PyObject*, PyObject* args) {
     return nullptr;
   }
   return Guard([&] {
-    hub().Release(device_id, packets, bytes);
+    hub().Queue(device_id)->Release(packets, bytes);
     Py_RETURN_NONE;
   });
 }
@@ -258,20 +178,15 @@ PyObject* Take(PyObject*, PyObject* args) {
   }
   return Guard([&]() -> PyObject* {
     int64_t count = 0, needed = 0;
-    std::exception_ptr failure;
-    Py_BEGIN_ALLOW_THREADS
-    try {
+    WithoutGil([&] {
+      hcb::DeviceQueue* queue = hub().Queue(device_id);
       if (released_packets > 0) {
-        hub().Release(device_id, released_packets, released_bytes);
+        queue->Release(released_packets, released_bytes);
       }
-      count = hub().Take(device_id, timeout_s, reinterpret_cast<uint8_t*>(dst),
-                         capacity, reinterpret_cast<hcb::IndexEntry*>(index),
-                         max_packets, &needed);
-    } catch (...) {
-      failure = std::current_exception();
-    }
-    Py_END_ALLOW_THREADS
-    if (failure) std::rethrow_exception(failure);
+      count = queue->Take(timeout_s, reinterpret_cast<uint8_t*>(dst), capacity,
+                          reinterpret_cast<hcb::IndexEntry*>(index),
+                          max_packets, &needed);
+    });
     return Py_BuildValue("(LL)", static_cast<long long>(count),
                          static_cast<long long>(needed));
   });
@@ -285,15 +200,9 @@ PyObject* WaitFinished(PyObject*, PyObject* args) {
   }
   return Guard([&]() -> PyObject* {
     bool reached = false;
-    std::exception_ptr failure;
-    Py_BEGIN_ALLOW_THREADS
-    try {
-      reached = hub().WaitFinished(device_id, target, timeout_s);
-    } catch (...) {
-      failure = std::current_exception();
-    }
-    Py_END_ALLOW_THREADS
-    if (failure) std::rethrow_exception(failure);
+    WithoutGil([&] {
+      reached = hub().Queue(device_id)->WaitFinished(target, timeout_s);
+    });
     return PyBool_FromLong(reached);
   });
 }
@@ -314,7 +223,7 @@ PyObject* Stats(PyObject*, PyObject* arg) {
 
 PyObject* PoolStats(PyObject*, PyObject*) {
   int64_t out[4];
-  hub().PoolStats(out);
+  hub().pool().Stats(out);
   return Py_BuildValue("(LLLL)", static_cast<long long>(out[0]),
                        static_cast<long long>(out[1]),
                        static_cast<long long>(out[2]),
@@ -346,15 +255,10 @@ PyObject* Reply(PyObject*, PyObject* args) {
       results.push_back({buffer.buf, static_cast<int64_t>(buffer.len)});
     }
     hcb::ReplyOutcome delivered = hcb::ReplyOutcome::kNoWaiter;
-    std::exception_ptr failure;
-    Py_BEGIN_ALLOW_THREADS
-    try {
-      delivered = hub().Reply(request_id, results.data(), results.size());
-    } catch (...) {
-      failure = std::current_exception();
-    }
-    Py_END_ALLOW_THREADS
-    if (failure) std::rethrow_exception(failure);
+    WithoutGil([&] {
+      delivered =
+          hub().calls().Reply(request_id, results.data(), results.size());
+    });
     return PyLong_FromLong(static_cast<long>(delivered));
   });
   for (Py_buffer& buffer : buffers) PyBuffer_Release(&buffer);
@@ -367,7 +271,7 @@ PyObject* ReplyError(PyObject*, PyObject* args) {
   const char* message;
   if (!PyArg_ParseTuple(args, "Ls", &request_id, &message)) return nullptr;
   return Guard([&] {
-    return PyBool_FromLong(hub().ReplyError(request_id, message));
+    return PyBool_FromLong(hub().calls().ReplyError(request_id, message));
   });
 }
 
@@ -390,11 +294,13 @@ PyMethodDef methods[] = {
     {"execution_failed", ExecutionFailed, METH_NOARGS, nullptr},
     {"attach", Attach, METH_VARARGS, nullptr},
     {"detach", Detach, METH_NOARGS, nullptr},
-    {"set_restart_hook", SetRestartHook, METH_O, nullptr},
     {"wake_consumers", WakeConsumers, METH_NOARGS, nullptr},
-    {"set_nested_consumer", SetNestedConsumer, METH_O, nullptr},
-    {"set_direct_runner", SetDirectRunner, METH_VARARGS, nullptr},
-    {"set_interrupt_thread", SetInterruptThread, METH_VARARGS, nullptr},
+    // Hooks into Python (python_hooks.cc).
+    {"set_restart_hook", hcb::python::SetRestartHook, METH_O, nullptr},
+    {"set_nested_consumer", hcb::python::SetNestedConsumer, METH_O, nullptr},
+    {"set_direct_runner", hcb::python::SetDirectRunner, METH_VARARGS, nullptr},
+    {"set_interrupt_thread", hcb::python::SetInterruptThread, METH_VARARGS,
+     nullptr},
     {"register_site", RegisterSite, METH_VARARGS, nullptr},
     {"unregister_site", UnregisterSite, METH_O, nullptr},
     {"open_device", OpenDevice, METH_O, nullptr},

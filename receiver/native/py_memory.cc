@@ -27,7 +27,7 @@ PyBufferProcs buffer_procs = {GetBuffer, nullptr};
 void Dealloc(PyObject* self) {
   auto* memory = reinterpret_cast<MemoryObject*>(self);
   if (memory->weakrefs != nullptr) PyObject_ClearWeakRefs(self);
-  if (memory->block != nullptr) Hub::Get().ReturnBlock(memory->block);
+  if (memory->block != nullptr) ReturnBlock(memory->block);
   Py_XDECREF(memory->keep);
   Py_TYPE(self)->tp_free(self);
 }
@@ -64,7 +64,7 @@ PyObject* NewMemory(void* data, Py_ssize_t nbytes, Block* block,
                     PyObject* keep) {
   auto* memory = PyObject_New(MemoryObject, &MemoryType);
   if (memory == nullptr) {
-    if (block != nullptr) Hub::Get().ReturnBlock(block);
+    if (block != nullptr) ReturnBlock(block);
     return nullptr;
   }
   memory->data = data;

@@ -1,7 +1,7 @@
 // `Memory`: a Python object that exposes memory host_callback lends to a
 // host function (the buffer protocol, so NumPy arrays can view it), and
-// frees it when the last array viewing it is gone: a block of the hub's pool
-// goes back to the pool, another owner (`keep`) is released.
+// frees it when the last array viewing it is gone: a block goes back to its
+// pool (block_pool.h), another owner (`keep`) is released.
 
 #ifndef HOST_CALLBACK_RECEIVER_NATIVE_PY_MEMORY_H_
 #define HOST_CALLBACK_RECEIVER_NATIVE_PY_MEMORY_H_
@@ -9,7 +9,7 @@
 #define PY_SSIZE_T_CLEAN
 #include <Python.h>
 
-#include "hub.h"
+#include "block_pool.h"
 
 namespace hcb::python {
 

@@ -10,47 +10,17 @@
 #include <cstring>
 #include <memory>
 #include <new>
-#include <unordered_map>
 #include <utility>
 #include <vector>
 
+#include "calls.h"
+#include "hub.h"
 #include "py_memory.h"
+#include "python_sites.h"
 
 namespace hcb::python {
 namespace {
 
-// One array of a site's packets.
-struct Column {
-  PyArray_Descr* descr = nullptr;  // owned reference
-  std::vector<npy_intp> dims;
-  int64_t nbytes = 0;              // as the device stores it (packed)
-  PyObject* unpack = nullptr;      // owned reference, for a sub-byte dtype
-};
-
-struct Site {
-  PyObject* entry = nullptr;       // owned reference
-  PyObject* name = nullptr;        // owned reference: the host function's
-  std::vector<Column> columns;
-  bool copy = true;
-  bool pack_results = false;
-
-  Site() = default;
-  Site(const Site&) = delete;
-  Site& operator=(const Site&) = delete;
-  ~Site() {
-    Py_XDECREF(entry);
-    Py_XDECREF(name);
-    for (Column& column : columns) {
-      Py_XDECREF(column.descr);
-      Py_XDECREF(column.unpack);
-    }
-  }
-};
-
-// Guarded by the GIL. A run holds its site by shared_ptr: the host function
-// may register or free sites (it may compile JAX code) while it runs.
-std::unordered_map<int64_t, std::shared_ptr<Site>>* sites =
-    new std::unordered_map<int64_t, std::shared_ptr<Site>>();
 PyObject* runner = nullptr;  // owned references, or null
 PyObject* wire = nullptr;
 
@@ -170,7 +140,7 @@ PyObject* Arguments(const Site& site, const DirectRequest& request,
   if (site.copy && total >= kLargePacket) {
     Block* block;
     try {
-      block = Hub::Get().AcquireBlock(total);
+      block = Hub::Get().pool().Acquire(total);
     } catch (const std::bad_alloc&) {
       Py_DECREF(args);
       return PyErr_NoMemory();
@@ -251,15 +221,10 @@ bool WriteResults(const Site& site, PyObject* results,
       same = buffers[i].len == request.outputs[i].bytes;
     }
     if (!same) {
-      std::string sizes = "[", expected = "[";
-      for (size_t i = 0; i < buffers.size(); ++i) {
-        sizes += (i ? ", " : "") + std::to_string(buffers[i].len);
-      }
-      for (size_t i = 0; i < request.num_outputs; ++i) {
-        expected += (i ? ", " : "") + std::to_string(request.outputs[i].bytes);
-      }
-      *error = "host_callback: the host's result for a call has arrays of " +
-               sizes + "] bytes where the device expects " + expected + "]";
+      *error = ResultSizesDiffer(
+          buffers.size(),
+          [&](size_t i) { return static_cast<int64_t>(buffers[i].len); },
+          request.outputs, request.num_outputs);
       ok = false;
     } else {
       Py_BEGIN_ALLOW_THREADS
@@ -323,9 +288,8 @@ std::string KeptMessage(const Site& site) {
 
 DirectOutcome RunWithGil(const DirectRequest& request, std::string* error) {
   if (runner == nullptr) return DirectOutcome::kDeclined;
-  auto it = sites->find(request.site);
-  if (it == sites->end()) return DirectOutcome::kDeclined;
-  std::shared_ptr<Site> site = it->second;
+  std::shared_ptr<const Site> site = FindSite(request.site);
+  if (site == nullptr) return DirectOutcome::kDeclined;
   if (site->columns.size() != request.num_args) return DirectOutcome::kDeclined;
   for (size_t i = 0; i < request.num_args; ++i) {
     if (site->columns[i].nbytes != request.args[i].bytes) {
@@ -376,71 +340,6 @@ void SetRunner(PyObject* new_runner, PyObject* new_wire) {
   Py_XINCREF(new_wire);
   Py_XSETREF(runner, new_runner);
   Py_XSETREF(wire, new_wire);
-}
-
-bool RegisterSite(int64_t site_id, const std::vector<int64_t>& sizes,
-                  PyObject* entry, PyObject* name, PyObject* dtypes,
-                  PyObject* shapes, PyObject* unpackers, bool copy,
-                  bool pack_results) {
-  auto site = std::make_shared<Site>();
-  Py_INCREF(entry);
-  site->entry = entry;
-  Py_INCREF(name);
-  site->name = name;
-  site->copy = copy;
-  site->pack_results = pack_results;
-  const Py_ssize_t count = PySequence_Size(dtypes);
-  if (count < 0 || PySequence_Size(shapes) != count ||
-      PySequence_Size(unpackers) != count ||
-      static_cast<size_t>(count) != sizes.size()) {
-    PyErr_SetString(PyExc_ValueError,
-                    "register_site: sizes, dtypes, shapes and unpackers "
-                    "differ in length");
-    return false;
-  }
-  site->columns.resize(static_cast<size_t>(count));
-  for (Py_ssize_t i = 0; i < count; ++i) {
-    Column& column = site->columns[static_cast<size_t>(i)];
-    PyObject* dtype = PySequence_GetItem(dtypes, i);
-    PyObject* shape = PySequence_GetItem(shapes, i);
-    PyObject* unpack = PySequence_GetItem(unpackers, i);
-    bool ok = dtype != nullptr && shape != nullptr && unpack != nullptr &&
-              PyArray_DescrConverter(dtype, &column.descr) == NPY_SUCCEED;
-    column.nbytes = sizes[static_cast<size_t>(i)];
-    const Py_ssize_t ndim = ok ? PySequence_Size(shape) : -1;
-    ok = ok && ndim >= 0;
-    for (Py_ssize_t d = 0; ok && d < ndim; ++d) {
-      PyObject* extent = PySequence_GetItem(shape, d);
-      const long long value =
-          extent == nullptr ? -1 : PyLong_AsLongLong(extent);
-      Py_XDECREF(extent);
-      ok = value >= 0 && !PyErr_Occurred();
-      column.dims.push_back(static_cast<npy_intp>(value));
-    }
-    if (ok && unpack != Py_None) {
-      Py_INCREF(unpack);
-      column.unpack = unpack;
-    }
-    Py_XDECREF(dtype);
-    Py_XDECREF(shape);
-    Py_XDECREF(unpack);
-    if (!ok) {
-      if (!PyErr_Occurred()) {
-        PyErr_SetString(PyExc_ValueError, "register_site: a bad shape");
-      }
-      return false;
-    }
-  }
-  (*sites)[site_id] = std::move(site);
-  return true;
-}
-
-void UnregisterSite(int64_t site_id) {
-  auto it = sites->find(site_id);
-  if (it == sites->end()) return;
-  std::shared_ptr<Site> site = std::move(it->second);
-  sites->erase(it);
-  // `site` dies here (or after the run that holds it), with the GIL held.
 }
 
 DirectOutcome Run(const DirectRequest& request, std::string* error) {

@@ -5,8 +5,9 @@
 // copy=False), calls Python once, and writes the results straight into the
 // device's result buffers.
 //
-// The site table below is Python's: it is read and written with the GIL
-// held, which guards it.
+// The runner is called on the device's thread by DirectRuns::TryRun
+// (direct_runs.h); it takes the GIL, which guards its Python objects and
+// the sites it serves (python_sites.h).
 
 #ifndef HOST_CALLBACK_RECEIVER_NATIVE_PYTHON_RUNNER_H_
 #define HOST_CALLBACK_RECEIVER_NATIVE_PYTHON_RUNNER_H_
@@ -16,9 +17,8 @@
 
 #include <cstdint>
 #include <string>
-#include <vector>
 
-#include "hub.h"
+#include "direct_runs.h"
 
 namespace hcb::python {
 
@@ -29,20 +29,7 @@ namespace hcb::python {
 // no direct runs. Needs the GIL.
 void SetRunner(PyObject* runner, PyObject* wire);
 
-// Records how to build the arguments of `site`'s packets: for each array its
-// size in bytes as the device stores it, a NumPy dtype, a shape and, for a
-// packed sub-byte dtype, a function that unpacks a uint8 array of its bytes. `copy` false: views of the device's
-// buffers, valid until the host function returns. `pack_results`: the
-// results go through `wire`. Needs the GIL; false with a Python exception
-// set on a bad argument.
-bool RegisterSite(int64_t site, const std::vector<int64_t>& sizes,
-                  PyObject* entry, PyObject* name, PyObject* dtypes,
-                  PyObject* shapes, PyObject* unpackers, bool copy,
-                  bool pack_results);
-// Needs the GIL.
-void UnregisterSite(int64_t site);
-
-// The hub's DirectRunner; takes the GIL.
+// The DirectRunner (direct_runs.h); takes the GIL.
 DirectOutcome Run(const DirectRequest& request, std::string* error);
 
 }  // namespace hcb::python

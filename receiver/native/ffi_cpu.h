@@ -1,8 +1,8 @@
-// The XLA FFI handlers of host_callback's targets (ffi_handlers.cc), which
+// The CPU's XLA FFI handlers of host_callback's targets (ffi_cpu.cc), which
 // the extension module hands to JAX as PyCapsules (module.cc).
 
-#ifndef HOST_CALLBACK_RECEIVER_NATIVE_FFI_HANDLERS_H_
-#define HOST_CALLBACK_RECEIVER_NATIVE_FFI_HANDLERS_H_
+#ifndef HOST_CALLBACK_RECEIVER_NATIVE_FFI_CPU_H_
+#define HOST_CALLBACK_RECEIVER_NATIVE_FFI_CPU_H_
 
 #include "xla/ffi/api/c_api.h"
 
@@ -14,4 +14,4 @@ XLA_FFI_Error* HcbBegin(XLA_FFI_CallFrame* call_frame);
 XLA_FFI_Error* HcbEnd(XLA_FFI_CallFrame* call_frame);
 }
 
-#endif  // HOST_CALLBACK_RECEIVER_NATIVE_FFI_HANDLERS_H_
+#endif  // HOST_CALLBACK_RECEIVER_NATIVE_FFI_CPU_H_

@@ -1,0 +1,301 @@
+// The packet queue of one device: see device_queue.h.
+
+#include "device_queue.h"
+
+#include <algorithm>
+#include <cstring>
+#include <new>
+#include <utility>
+
+#include "waits.h"
+
+namespace hcb {
+namespace {
+
+// How long a consumer that expects a request soon polls before it sleeps.
+constexpr auto kConsumerSpin = std::chrono::microseconds(20);
+// A consumer takes taps at most this often, unless this many bytes wait
+// (see DeviceQueue::consumer_pacing): the latency a tap may get.
+constexpr auto kBatchInterval = std::chrono::milliseconds(2);
+constexpr int64_t kHurryBytes = 1 << 20;
+// Packets are written into chunks of this size (or one packet's size).
+constexpr int64_t kChunkBytes = 1 << 20;
+// Read chunks kept per device for reuse.
+constexpr size_t kSpareChunks = 2;
+
+}  // namespace
+
+Chunk* DeviceQueue::ChunkWithRoom(int64_t size) {
+  if (!chunks.empty()) {
+    Chunk* back = chunks.back().get();
+    if (back->block == nullptr && back->capacity - back->used >= size) {
+      return back;
+    }
+  }
+  std::unique_ptr<Chunk> chunk;
+  if (!spare.empty() && size <= kChunkBytes) {
+    chunk = std::move(spare.back());
+    spare.pop_back();
+  } else {
+    chunk = std::make_unique<Chunk>(std::max(kChunkBytes, size));
+  }
+  chunks.push_back(std::move(chunk));
+  return chunks.back().get();
+}
+
+Status DeviceQueue::Push(int64_t site, int64_t request_id, const Span* arrays,
+                         size_t num_arrays) {
+  const int64_t size = PacketSize(arrays, num_arrays);
+  ReceiverLink* receiver = links_.receiver;
+  if (Status status = receiver->EnsureReceiver(device_id_); !status.ok()) {
+    return status;
+  }
+  std::unique_lock<std::mutex> lock = LockSoon(mu);
+  // Over the bound, wait for the consumer; a lone packet always fits, so the
+  // bytes waiting never exceed the bound plus one packet.
+  while (enqueued > finished && bytes + size > receiver->queue_bound()) {
+    if (!receiver->attached()) {
+      lock.unlock();
+      if (Status status = receiver->EnsureReceiver(device_id_); !status.ok()) {
+        status.message += " while it waited for room in its full callback "
+                          "queue (see JAX_HOST_CALLBACK_MAX_QUEUE_BYTE_SIZE)";
+        return status;
+      }
+      lock.lock();
+      continue;
+    }
+    not_empty.notify_one();  // the consumer frees the room
+    changed.wait_for(lock, kPollInterval);
+    lock.unlock();  // the hook runs Python
+    const bool interrupted = links_.interrupts->Interrupted();
+    lock.lock();
+    if (interrupted) {
+      return Failure(Code::kCancelled,
+                     "host_callback: interrupted (KeyboardInterrupt) while "
+                     "the device waited for room in its full callback queue");
+    }
+  }
+  if (size >= kLargePacket) {
+    return PushLarge(lock, size, site, request_id, arrays, num_arrays);
+  }
+  Chunk* chunk = ChunkWithRoom(size);
+  WritePacket(chunk->begin() + chunk->used, size, site, request_id, arrays,
+              num_arrays);
+  chunk->used += size;
+  unread += size;
+  bytes += size;
+  high_water = std::max(high_water, bytes);
+  ++enqueued;
+  pushed.store(enqueued, std::memory_order_release);
+  if (request_id != 0 || unread >= kHurryBytes || finish_waiters > 0) {
+    hurry = true;
+  }
+  WakeConsumer();
+  lock.unlock();
+  // A receiver that detached while we pushed may have missed this packet.
+  return receiver->EnsureReceiver(device_id_);
+}
+
+Status DeviceQueue::PushLarge(std::unique_lock<std::mutex>& lock, int64_t size,
+                              int64_t site, int64_t request_id,
+                              const Span* arrays, size_t num_arrays) {
+  // Reserved first: the packet counts in the bound, and as sent for
+  // barriers and direct runs, while it is copied without the lock.
+  bytes += size;
+  high_water = std::max(high_water, bytes);
+  ++enqueued;
+  lock.unlock();
+  try {
+    std::unique_ptr<Chunk> chunk;
+    {
+      Block* block = links_.pool->Acquire(size);
+      try {
+        chunk = std::make_unique<Chunk>(block);
+      } catch (...) {
+        ReturnBlock(block);
+        throw;
+      }
+    }
+    WritePacket(chunk->block->data, size, site, request_id, arrays,
+                num_arrays);
+    chunk->used = size;
+    lock.lock();
+    chunks.push_back(std::move(chunk));  // else ~Chunk returns it
+  } catch (...) {
+    if (!lock.owns_lock()) lock.lock();
+    bytes -= size;  // as if consumed at once
+    ++finished;
+    changed.notify_all();
+    throw;
+  }
+  unread += size;
+  pushed.store(enqueued, std::memory_order_release);
+  hurry = true;  // its block is lent to the consumer, not copied
+  WakeConsumer();
+  lock.unlock();
+  return links_.receiver->EnsureReceiver(device_id_);
+}
+
+int64_t DeviceQueue::Take(double timeout_s, uint8_t* dst, int64_t capacity,
+                          IndexEntry* index, int64_t max_packets,
+                          int64_t* needed) {
+  *needed = 0;
+  ReceiverLink* receiver = links_.receiver;
+  std::unique_lock<std::mutex> lock = LockSoon(mu);
+  consumer = std::thread::id();  // done with its last batch
+  const int64_t generation = receiver->wake_generation();
+  auto woken = [&] { return receiver->wake_generation() != generation; };
+  auto ready = [&] { return unread > 0 && !direct_busy; };
+  const auto deadline = Clock::now() + Seconds(timeout_s);
+  if (!ready()) {
+    if (expect_request) {
+      const int64_t seen = enqueued;
+      lock.unlock();
+      Spin(kConsumerSpin, [&] {
+        return pushed.load(std::memory_order_acquire) != seen || woken();
+      });
+      lock.lock();
+    }
+    consumer_idle = true;
+    not_empty.wait_until(lock, deadline, [&] { return ready() || woken(); });
+    consumer_idle = false;
+    if (!ready()) return 0;
+  }
+  if (!hurry) {
+    consumer_pacing = true;
+    not_empty.wait_until(lock, std::min(deadline, last_take + kBatchInterval),
+                         [&] { return hurry || woken(); });
+    consumer_pacing = false;
+    if (!ready()) return 0;
+  }
+  last_take = Clock::now();
+  // Under the lock, only find the byte ranges of whole small packets, and
+  // take the blocks of large ones: the device no longer touches them, so
+  // the small ones are copied after unlocking, and the blocks are lent.
+  struct Piece {
+    const uint8_t* begin;
+    int64_t bytes;
+    Block* block;  // a large packet's, else null
+  };
+  // Allocated before anything changes: nothing below throws.
+  std::vector<Piece> pieces;
+  std::vector<std::unique_ptr<Chunk>> retired;  // read to their end
+  pieces.reserve(chunks.size());
+  retired.reserve(chunks.size());
+  int64_t taken_bytes = 0, packets = 0;
+  while (packets < max_packets && !chunks.empty()) {
+    Chunk* chunk = chunks.front().get();
+    if (chunk->block != nullptr) {  // a large packet, complete once queued
+      pieces.push_back({chunk->block->data, chunk->used, chunk->block});
+      chunk->block = nullptr;
+      unread -= chunk->used;
+      ++packets;
+      retired.push_back(std::move(chunks.front()));
+      chunks.pop_front();
+      continue;
+    }
+    const int64_t begin = read_offset;
+    while (read_offset < chunk->used && packets < max_packets) {
+      const int64_t size = ReadHeader(chunk->begin() + read_offset).size;
+      if (taken_bytes + size > capacity) {
+        if (packets == 0) *needed = size;
+        break;
+      }
+      read_offset += size;
+      taken_bytes += size;
+      ++packets;
+    }
+    if (read_offset > begin) {
+      pieces.push_back({chunk->begin() + begin, read_offset - begin, nullptr});
+      unread -= read_offset - begin;
+    }
+    // Stop in a chunk not read to its end, or where the device still writes.
+    if (read_offset < chunk->used || chunks.size() == 1) break;
+    retired.push_back(std::move(chunks.front()));
+    chunks.pop_front();
+    read_offset = 0;
+  }
+  if (packets > 0) consumer = std::this_thread::get_id();
+  hurry = unread > 0;  // a backlog: the next batch at once
+  lock.unlock();
+
+  // Its device gave up waiting for a request: nobody to answer.
+  Calls* calls = links_.calls;
+  auto live = [&](const PacketHeader& header) {
+    return header.request_id == 0 || calls->Waiting(header.request_id);
+  };
+  int64_t count = 0, dropped = 0, dropped_bytes = 0, offset = 0;
+  bool requests = false;
+  for (const Piece& piece : pieces) {
+    if (piece.block != nullptr) {
+      const PacketHeader header = ReadHeader(piece.begin);
+      requests |= header.request_id != 0;
+      if (live(header)) {
+        index[count++] = IndexEntry{
+            0, header.site, header.request_id, header.size,
+            reinterpret_cast<int64_t>(piece.block),
+            reinterpret_cast<int64_t>(piece.block->data)};
+      } else {
+        ReturnBlock(piece.block);
+        ++dropped;
+        dropped_bytes += header.size;
+      }
+      continue;
+    }
+    std::memcpy(dst + offset, piece.begin, piece.bytes);
+    for (const int64_t end = offset + piece.bytes; offset < end;) {
+      const PacketHeader header = ReadHeader(dst + offset);
+      requests |= header.request_id != 0;
+      if (live(header)) {
+        index[count++] = IndexEntry{offset, header.site, header.request_id,
+                                    header.size, 0, 0};
+      } else {
+        ++dropped;
+        dropped_bytes += header.size;
+      }
+      offset += header.size;
+    }
+  }
+  lock.lock();
+  expect_request = requests;
+  if (dropped > 0) {
+    finished += dropped;
+    bytes -= dropped_bytes;
+    changed.notify_all();
+  }
+  for (std::unique_ptr<Chunk>& chunk : retired) {
+    if (spare.size() < kSpareChunks && chunk->data != nullptr &&
+        chunk->capacity == kChunkBytes) {
+      chunk->used = 0;
+      try {
+        spare.push_back(std::move(chunk));
+      } catch (const std::bad_alloc&) {
+        break;  // reuse is optional; `retired` frees the rest
+      }
+    }
+  }
+  return count;
+}
+
+void DeviceQueue::Release(int64_t packets, int64_t released_bytes) {
+  std::lock_guard<std::mutex> lock(mu);
+  finished += packets;
+  bytes -= released_bytes;
+  if (consumer == std::this_thread::get_id()) consumer = std::thread::id();
+  changed.notify_all();
+}
+
+bool DeviceQueue::WaitFinished(int64_t target, double timeout_s) {
+  std::unique_lock<std::mutex> lock(mu);
+  ++finish_waiters;  // packets pushed meanwhile hurry the consumer
+  if (unread > 0) {
+    hurry = true;
+    WakeConsumer();
+  }
+  const bool reached = changed.wait_for(lock, Seconds(timeout_s),
+                                        [&] { return finished >= target; });
+  --finish_waiters;
+  return reached;
+}
+
+}  // namespace hcb

@@ -1,0 +1,145 @@
+// The packet queue of one device: its packets, in the chunks they are
+// written into, bounded in bytes; the consumer's batches (Take) and what it
+// finished (Release); and waiting until packets are finished (for barriers).
+//
+// Threads: the device's threads push (the FFI handlers, through Hub::Send
+// and Hub::Call); one consumer thread at a time takes and releases (the
+// Python receiver, through the extension module); any thread may wait for
+// finished packets. `mu` guards every non-atomic field, including the direct
+// runs' claim (direct_runs.h), which Take respects. A large packet's block
+// is acquired from the queue's BlockPool, and the reply table of Calls is
+// asked, with `mu` unlocked.
+
+#ifndef HOST_CALLBACK_RECEIVER_NATIVE_DEVICE_QUEUE_H_
+#define HOST_CALLBACK_RECEIVER_NATIVE_DEVICE_QUEUE_H_
+
+#include <atomic>
+#include <chrono>
+#include <condition_variable>
+#include <cstddef>
+#include <cstdint>
+#include <deque>
+#include <memory>
+#include <mutex>
+#include <thread>
+#include <vector>
+
+#include "block_pool.h"
+#include "calls.h"
+#include "interrupts.h"
+#include "packet.h"
+#include "receiver_link.h"
+#include "status.h"
+
+namespace hcb {
+
+// A buffer where one device writes packets back to back; or, for one large
+// packet, a wrapper of its Block.
+struct Chunk {
+  explicit Chunk(int64_t capacity)
+      : data(new uint8_t[capacity]), capacity(capacity) {}
+  explicit Chunk(Block* block)
+      : block(block), capacity(block->capacity) {}
+  ~Chunk() {
+    if (block != nullptr) ReturnBlock(block);
+  }
+  uint8_t* begin() const { return block != nullptr ? block->data : data.get(); }
+  std::unique_ptr<uint8_t[]> data;
+  Block* block = nullptr;  // owned: a large packet's, until Take lends it
+  int64_t capacity;
+  int64_t used = 0;  // bytes of complete packets; guarded by the queue's `mu`
+};
+
+// The parts a queue works with, set once when it is made (Hub::Queue).
+struct QueueLinks {
+  ReceiverLink* receiver;  // is one attached, the bound, the restart hook
+  Interrupts* interrupts;  // Ctrl-C while a device waits for room
+  BlockPool* pool;         // the blocks of large packets
+  Calls* calls;            // whether a request's device still waits
+};
+
+class DeviceQueue {
+ public:
+  DeviceQueue(int64_t device_id, const QueueLinks& links)
+      : device_id_(device_id), links_(links) {}
+
+  // Device side: copies `arrays` into a new packet, first waiting while the
+  // queue is over its bound. This is the packet's only copy when it is
+  // large (a block from the pool, which the host function's arrays then
+  // view). The arrays were checked against the site (SiteSizes::Check).
+  Status Push(int64_t site, int64_t request_id, const Span* arrays,
+              size_t num_arrays);
+
+  // Consumer side: describes the next waiting packets, in order, in `index`
+  // (at most `max_packets`), waiting up to `timeout_s` for the first. Small
+  // packets are copied back to back into `dst` (`capacity` bytes); large
+  // ones are not copied: their blocks are lent to the consumer, which gives
+  // each back to its pool. Returns the number of entries; requests whose
+  // device gave up are left out. Returns 0 with `*needed` set when the next
+  // small packet is larger than `capacity`.
+  int64_t Take(double timeout_s, uint8_t* dst, int64_t capacity,
+               IndexEntry* index, int64_t max_packets, int64_t* needed);
+  // Marks consumed packets finished and frees their bytes in the bound.
+  void Release(int64_t packets, int64_t bytes);
+  // Waits up to `timeout_s` until `target` packets are finished.
+  bool WaitFinished(int64_t target, double timeout_s);
+
+  // Under `mu`: wakes the consumer if it sleeps on an empty queue, or if it
+  // paces itself and the queue is in a hurry.
+  void WakeConsumer() {
+    if (consumer_idle || (consumer_pacing && hurry)) not_empty.notify_one();
+  }
+
+  std::mutex mu;
+  std::condition_variable not_empty;  // the consumer waits on it
+  std::condition_variable changed;    // senders and finish-waiters wait on it
+  // Front: the chunk being read from `read_offset`; back: being written.
+  std::deque<std::unique_ptr<Chunk>> chunks;
+  int64_t read_offset = 0;
+  int64_t unread = 0;                 // bytes pushed, not yet taken
+  std::vector<std::unique_ptr<Chunk>> spare;  // read chunks kept for reuse
+  // The consumer sleeps in Take because the queue is empty (`idle`: the next
+  // packet wakes it), or because it paces itself (`pacing`: only a hurry
+  // wakes it). Taps are taken in batches, at most one per kBatchInterval:
+  // each batch costs a Python consumer a GIL hand-off with the thread that
+  // dispatches, which costs a jitted step more than its tap.
+  bool consumer_idle = false;
+  bool consumer_pacing = false;
+  std::chrono::steady_clock::time_point last_take;
+  // Take the next batch now: a request, a large packet, kHurryBytes or a
+  // finish-waiter waits, or the last batch left a backlog (Take sets it to
+  // whether unread bytes remain).
+  bool hurry = false;
+  int finish_waiters = 0;             // threads in WaitFinished
+  bool expect_request = false;        // the last batch held one: spin first
+  // Host functions run on a device thread (DirectRuns), nested
+  // `direct_depth` deep in `direct_owner`: the consumer takes nothing while
+  // `direct_busy`, unless the owner waits for the consumer (nested request).
+  bool direct_busy = false;
+  int direct_depth = 0;
+  std::thread::id direct_owner;
+  // The consumer thread while it consumes a taken batch (until its next Take).
+  std::thread::id consumer;
+  int64_t bytes = 0;                  // pushed and not yet released
+  int64_t high_water = 0;
+  int64_t enqueued = 0;               // packets ever pushed
+  int64_t finished = 0;               // packets released (consumed)
+  // Mirrors `enqueued` for a consumer that polls without `mu`; on its own
+  // cache line, so that polling does not slow the device's writes.
+  alignas(64) std::atomic<int64_t> pushed{0};
+
+ private:
+  Chunk* ChunkWithRoom(int64_t size);
+  // Push for a large packet: reserves its room in the bound, copies it into
+  // a block with `mu` unlocked, then queues it.
+  Status PushLarge(std::unique_lock<std::mutex>& lock, int64_t size,
+                   int64_t site, int64_t request_id, const Span* arrays,
+                   size_t num_arrays);
+
+  const int64_t device_id_;
+  const QueueLinks links_;
+};
+
+}  // namespace hcb
+
+#endif  // HOST_CALLBACK_RECEIVER_NATIVE_DEVICE_QUEUE_H_

@@ -1,0 +1,38 @@
+// Ctrl-C for the native core: see interrupts.h.
+
+#include "interrupts.h"
+
+#include <pthread.h>
+
+namespace hcb {
+namespace {
+
+// Comparable with the `threading.main_thread().ident` Python passes in (a
+// C-style cast, as pthread_t is an integer or a pointer by platform).
+uint64_t ThisThread() { return (uint64_t)pthread_self(); }
+
+}  // namespace
+
+void Interrupts::Set(InterruptHook hook, Rearm rearm, uint64_t main_thread) {
+  main_thread_.store(main_thread, std::memory_order_seq_cst);
+  rearm_.store(rearm, std::memory_order_seq_cst);
+  hook_.store(hook, std::memory_order_seq_cst);
+}
+
+bool Interrupts::OnMainThread() {
+  return ThisThread() == main_thread_.load(std::memory_order_seq_cst);
+}
+
+bool Interrupts::Interrupted() {
+  InterruptHook hook = hook_.load(std::memory_order_seq_cst);
+  if (hook == nullptr || !OnMainThread() || hook() == 0) return false;
+  RearmOnMainThread();
+  return true;
+}
+
+void Interrupts::RearmOnMainThread() {
+  if (!OnMainThread()) return;
+  if (Rearm rearm = rearm_.load(std::memory_order_seq_cst)) rearm();
+}
+
+}  // namespace hcb

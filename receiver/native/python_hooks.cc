@@ -1,0 +1,118 @@
+// Hooks into Python, called by device threads: see python_hooks.h.
+
+#include "python_hooks.h"
+
+#include <cstdint>
+
+#include "hub.h"
+#include "python_runner.h"
+
+namespace hcb::python {
+namespace {
+
+PyObject* restart_callable = nullptr;  // owned; guarded by the GIL
+
+// The RestartHook (receiver_link.h): calls Python's restart function.
+int Restart() {
+  PyGILState_STATE gil = PyGILState_Ensure();
+  int failed = 1;
+  if (restart_callable != nullptr) {
+    PyObject* result = PyObject_CallNoArgs(restart_callable);
+    failed = result == nullptr;
+    Py_XDECREF(result);
+    if (failed) PyErr_Clear();  // the device fails: "cannot start again"
+  }
+  PyGILState_Release(gil);
+  return failed;
+}
+
+PyObject* nested_callable = nullptr;  // owned; guarded by the GIL
+
+// The NestedConsumer (direct_runs.h): calls Python's nested consumer.
+int ConsumeNested(int64_t device_id) {
+  PyGILState_STATE gil = PyGILState_Ensure();
+  int failed = 1;
+  if (nested_callable != nullptr) {
+    PyObject* result = PyObject_CallFunction(nested_callable, "L",
+                                             static_cast<long long>(device_id));
+    failed = result == nullptr;
+    Py_XDECREF(result);
+    if (failed) {
+      PyErr_WriteUnraisable(nested_callable);  // logged; the device fails
+    }
+  }
+  PyGILState_Release(gil);
+  return failed;
+}
+
+// The InterruptHook (interrupts.h): Python's PyOS_InterruptOccurred, which
+// on the main thread reports (and clears) a pending Ctrl-C without running
+// Python code.
+int InterruptOccurred() {
+  PyGILState_STATE gil = PyGILState_Ensure();
+  const int occurred = PyOS_InterruptOccurred();
+  PyGILState_Release(gil);
+  return occurred;
+}
+
+// The Rearm hook (interrupts.h), callable without the GIL.
+void Rearm() { PyErr_SetInterrupt(); }
+
+// Keeps `callable` in `*slot` and hands `set` the `hook`, which calls it;
+// or, for None, hands `set` no hook and drops the callable.
+template <typename Hook, typename Set>
+PyObject* SetPythonHook(PyObject* callable, PyObject** slot, Hook hook,
+                        Set set) {
+  if (callable == Py_None) {
+    set(nullptr);
+    Py_CLEAR(*slot);
+  } else {
+    Py_INCREF(callable);
+    Py_XSETREF(*slot, callable);
+    set(hook);
+  }
+  Py_RETURN_NONE;
+}
+
+}  // namespace
+
+PyObject* SetRestartHook(PyObject*, PyObject* callable) {
+  return SetPythonHook(callable, &restart_callable, Restart,
+                       [](RestartHook hook) {
+                         Hub::Get().SetRestartHook(hook);
+                       });
+}
+
+PyObject* SetNestedConsumer(PyObject*, PyObject* callable) {
+  return SetPythonHook(callable, &nested_callable, ConsumeNested,
+                       [](NestedConsumer consumer) {
+                         Hub::Get().direct_runs().set_nested_consumer(consumer);
+                       });
+}
+
+PyObject* SetDirectRunner(PyObject*, PyObject* args) {
+  PyObject *runner, *wire;
+  if (!PyArg_ParseTuple(args, "OO", &runner, &wire)) return nullptr;
+  DirectRuns& direct_runs = Hub::Get().direct_runs();
+  if (runner == Py_None || wire == Py_None) {
+    direct_runs.set_runner(nullptr);
+    SetRunner(nullptr, nullptr);
+  } else {
+    SetRunner(runner, wire);
+    direct_runs.set_runner(Run);
+  }
+  Py_RETURN_NONE;
+}
+
+PyObject* SetInterruptThread(PyObject*, PyObject* args) {
+  unsigned long long main_thread;
+  if (!PyArg_ParseTuple(args, "K", &main_thread)) return nullptr;
+  if (main_thread == 0) {
+    Hub::Get().interrupts().Set(nullptr, nullptr, 0);
+  } else {
+    Hub::Get().interrupts().Set(InterruptOccurred, Rearm, main_thread);
+  }
+  Py_RETURN_NONE;
+}
+
+}  // namespace hcb::python

@@ -1,0 +1,25 @@
+// The hooks through which device threads call into Python (the restart
+// hook, the nested consumer, the interrupt hook, the direct runner), and the
+// module functions that set them (set_restart_hook, set_nested_consumer,
+// set_interrupt_thread, set_direct_runner; receiver/native_library.py and
+// receiver/transport_native.py call them).
+//
+// The module functions run with the GIL, which guards the Python callables
+// they keep; the hooks take the GIL themselves (Rearm needs none).
+
+#ifndef HOST_CALLBACK_RECEIVER_NATIVE_PYTHON_HOOKS_H_
+#define HOST_CALLBACK_RECEIVER_NATIVE_PYTHON_HOOKS_H_
+
+#define PY_SSIZE_T_CLEAN
+#include <Python.h>
+
+namespace hcb::python {
+
+PyObject* SetRestartHook(PyObject* module, PyObject* callable);
+PyObject* SetNestedConsumer(PyObject* module, PyObject* callable);
+PyObject* SetDirectRunner(PyObject* module, PyObject* args);
+PyObject* SetInterruptThread(PyObject* module, PyObject* args);
+
+}  // namespace hcb::python
+
+#endif  // HOST_CALLBACK_RECEIVER_NATIVE_PYTHON_HOOKS_H_

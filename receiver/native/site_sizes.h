@@ -1,0 +1,42 @@
+// The byte size of each array that a callback site's packets carry, as
+// register_site gave them (receiver/native_wire.py), so that a device whose
+// arrays XLA laid out otherwise fails instead of sending what the decoder
+// would misread.
+//
+// The extension module registers and forgets sites with the GIL; device
+// threads check their arrays (the FFI handlers, ffi_common.h:SiteArgs).
+// `mu_` (shared for checks) guards `sizes_`.
+
+#ifndef HOST_CALLBACK_RECEIVER_NATIVE_SITE_SIZES_H_
+#define HOST_CALLBACK_RECEIVER_NATIVE_SITE_SIZES_H_
+
+#include <cstddef>
+#include <cstdint>
+#include <shared_mutex>
+#include <unordered_map>
+#include <vector>
+
+#include "packet.h"
+#include "status.h"
+
+namespace hcb {
+
+class SiteSizes {
+ public:
+  // Records the byte size of each array that the packets of `site` carry.
+  void Register(int64_t site, std::vector<int64_t> array_bytes);
+  // Forgets a site; a device that sends to it from now on fails. Returns
+  // whether it was registered.
+  bool Unregister(int64_t site);
+  // Empty when `arrays` are what `site` expects; else NOT_FOUND (no such
+  // site) or INVALID_ARGUMENT (other sizes).
+  Status Check(int64_t site, const Span* arrays, size_t num_arrays);
+
+ private:
+  std::shared_mutex mu_;
+  std::unordered_map<int64_t, std::vector<int64_t>> sizes_;
+};
+
+}  // namespace hcb
+
+#endif  // HOST_CALLBACK_RECEIVER_NATIVE_SITE_SIZES_H_
