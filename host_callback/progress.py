@@ -38,6 +38,7 @@ Key = Tuple[Optional[int], Optional[int]]  # (bar id, device number)
 class _Bar:
   """One tqdm bar, and the steps each device running its loop has done."""
   pbar: Any
+  loop: Loop
   parent: Optional[_Bar]
   steps: Dict[int, int] = dataclasses.field(default_factory=dict)
   running: set = dataclasses.field(default_factory=set)  # device numbers
@@ -76,17 +77,18 @@ failures.add_listener(_close_device)
 @dataclasses.dataclass(frozen=True)
 class Tap:
   """The tap function of one kind of tap of a `Loop`: `final` taps end the
-  loop; `rows` (the loop runs per device, under `pmap` or `shard_map`) puts
-  each device's bar on its own row, named by the device."""
+  loop. `devices`: how many devices run the loop at once, each with its own
+  taps (more than 1 under `pmap` or `shard_map`): each device's bar is on
+  its own row, named by the device, unless they share one."""
   loop: Loop
   final: bool
-  rows: bool
+  devices: int
 
   def __call__(self, arg: Any, transforms: Any, *, device: Any) -> None:
     del transforms  # a batch is told apart by its arrays' shapes
     steps, ids = arg if isinstance(arg, tuple) else (arg, None)
     self.loop.on_tap(_steps_by_id(steps, ids), device, final=self.final,
-                     rows=self.rows)
+                     devices=self.devices)
 
 
 def _steps_by_id(steps: np.ndarray, ids: Optional[np.ndarray]
@@ -124,17 +126,18 @@ class Loop:
     self.kwargs = kwargs
     self._bars: Dict[Key, _Bar] = {}
 
-  def tap(self, *, final: bool, rows: bool) -> Tap:
-    return Tap(self, final, rows and self.per_device)
+  def tap(self, *, final: bool, devices: int) -> Tap:
+    return Tap(self, final, devices)
 
   def on_tap(self, steps_by_id: Dict[Optional[int], int], device: Any, *,
-             final: bool, rows: bool) -> None:
+             final: bool, devices: int) -> None:
     """Opens, moves or closes the bars of a tap from `device`."""
     number = device_number(device)
+    shared = devices if not self.per_device else 1
     with _lock:
       stack = _stacks.setdefault(number, [])
       for bar_id, steps in steps_by_id.items():
-        key = (bar_id, number if self.per_device else None)
+        key = (bar_id, None if shared > 1 else number)
         bar = self._bars.get(key)
         begins = steps == 0 and not final
         if bar is not None and number in bar.running and begins:
@@ -142,18 +145,21 @@ class Loop:
         if bar is None or bar.closed or number not in bar.running:
           if not begins and not final:
             continue  # its step 0 went to a bar that has closed since
-          bar = self._start(key, bar, bar_id, device, stack, rows)
+          bar = self._start(key, bar, bar_id, device, stack,
+                            rows=self.per_device and devices > 1,
+                            shared=shared)
         self._advance(bar, number, steps)
         if final:
-          self._finish(bar, number, stack)
+          self._finish(bar, number, stack, shared)
 
   def _start(self, key: Key, bar: Optional[_Bar], bar_id: Optional[int],
-             device: Any, stack: List[_Bar], rows: bool) -> _Bar:
+             device: Any, stack: List[_Bar], *, rows: bool,
+             shared: int) -> _Bar:
     """The bar of a loop that begins on device `device`: a fresh one, or a
-    nested one reset, or a shared one that another device runs."""
+    nested one reset, or one that `shared` devices share, joined."""
     number = device_number(device)
     if bar is not None and not bar.closed:
-      if bar.running:  # a shared bar: join it
+      if len(bar.steps) < shared:  # join the devices that run it
         bar.steps[number] = 0
       elif bar.parent is not None and not bar.parent.closed:
         bar.pbar.reset(total=self.total)  # a nested loop's next run
@@ -161,8 +167,9 @@ class Loop:
       else:
         _close(bar)
     if bar is None or bar.closed or number not in bar.steps:
-      pbar = self._new_tqdm(bar_id, device, len(stack), rows)
-      bar = _Bar(pbar, stack[-1] if stack else None, {number: 0})
+      outer = [other for other in stack if other.loop is not self]
+      pbar = self._new_tqdm(bar_id, device, len(outer), rows)
+      bar = _Bar(pbar, self, outer[-1] if outer else None, {number: 0})
       if bar.parent is not None:
         bar.parent.children.append(bar)
       self._bars[key] = bar
@@ -186,11 +193,13 @@ class Loop:
     if shown > bar.pbar.n:
       bar.pbar.update(shown - bar.pbar.n)
 
-  def _finish(self, bar: _Bar, number: int, stack: List[_Bar]) -> None:
-    """Device `number` ended `bar`'s loop: the last device to end it closes
-    it, unless it is nested in a bar still running."""
+  def _finish(self, bar: _Bar, number: int, stack: List[_Bar],
+              shared: int) -> None:
+    """Device `number` ended `bar`'s loop: the last of the `shared` devices
+    to end it closes it, unless it is nested in a bar still running."""
     bar.running.discard(number)
     if bar in stack:
       stack.remove(bar)
-    if not bar.running and (bar.parent is None or bar.parent.closed):
+    if (not bar.running and len(bar.steps) >= shared and
+        (bar.parent is None or bar.parent.closed)):
       _close(bar)

@@ -19,6 +19,7 @@ from __future__ import annotations
 import dataclasses
 import functools
 import importlib
+import math
 from typing import Any, Callable, Generic, Optional, Tuple, TypeVar
 
 import jax
@@ -84,9 +85,11 @@ def _make_loop(total: Optional[int], tqdm_type: str, per_device: bool,
   return Loop(total, tqdm_class, desc, position, per_device, kwargs)
 
 
-def _runs_per_device() -> bool:
-  """Whether the code being traced runs per device (`pmap`, `shard_map`)."""
-  return bool(jax.sharding.get_abstract_mesh().manual_axes)
+def _devices_per_run() -> int:
+  """How many devices run the code being traced, each its own part: those
+  of the `pmap` or `shard_map` axes, else 1."""
+  mesh = jax.sharding.get_abstract_mesh()
+  return math.prod(mesh.shape[axis] for axis in mesh.manual_axes)
 
 
 def _tap(tap: Tap, steps: Any, bar_id: Any, result: Any) -> Any:
@@ -103,7 +106,7 @@ class _Taps:
 
   def step(self, i: Any, bar_id: Any, operand: Any) -> Any:
     """Before step `i`, every `print_rate` steps: `i` steps done."""
-    tap = self.loop.tap(final=False, rows=_runs_per_device())
+    tap = self.loop.tap(final=False, devices=_devices_per_run())
     if self.print_rate == 1:
       return _tap(tap, i, bar_id, operand)
     return jax.lax.cond(i % self.print_rate == 0,
@@ -112,7 +115,7 @@ class _Taps:
 
   def end(self, steps: Any, bar_id: Any, operand: Any) -> Any:
     """After the loop's last step: `steps` done."""
-    tap = self.loop.tap(final=True, rows=_runs_per_device())
+    tap = self.loop.tap(final=True, devices=_devices_per_run())
     return _tap(tap, steps, bar_id, operand)
 
   def end_at(self, i: Any, n: int, bar_id: Any, operand: Any) -> Any:
