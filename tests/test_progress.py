@@ -408,3 +408,14 @@ def test_a_jax_tqdm_program_with_only_the_import_changed(both_modes):
   assert [line.split(":")[0] for line in finals] == [
       "Running for 1,000 iterations", "fori"], done.stderr
   assert all(" 1000/1000 " in line for line in finals), finals
+
+
+def test_the_demo_shows_a_bar_for_its_training_loop(both_modes):
+  env = {"JAX_HOST_CALLBACK_OUTFEED": "1" if both_modes == "outfeed" else "0"}
+  done = run_python("import runpy; runpy.run_module('host_callback', "
+                    "run_name='__main__')", env=env)
+  assert done.returncode == 0, done.stderr
+  assert done.stdout.splitlines()[-2] == (
+      "received 200 losses from the device: first 3.3452, last 0.000000")
+  final = done.stderr.replace("\r", "\n").strip().splitlines()[-1]
+  assert re.match(r"training: 100%.* 200/200 ", final), done.stderr
