@@ -1,29 +1,30 @@
 """The host side of the progress bars: tqdm bars that taps open, move and
 close.
 
-A `Loop` is one decorated loop body. Its taps say how many steps the loop
-has done: a *step* tap when a step begins (0 opens the bar) and a *final*
-tap when the loop ends, both with the device that sent them. Each bar has a
-key, `(bar id, device number)`; the device part is None when the devices
-share one bar, whose value is then the slowest device's.
+A `Loop` is one decorated loop body. Its taps come with the device that
+sent them and a number: a *step* tap after step `i` (0 opens the bar; it
+shows `i` when `i` is a multiple of the print rate, as jax-tqdm does; the
+last step of a loop of known length, `ends_at_total`, ends the loop), and a
+*final* tap after a loop of unknown length, with the steps done, which ends
+it. Each bar has a key, `(bar id, device number)`; the device part is None
+when the devices share one bar, whose value is then the slowest device's.
 
-Taps of one device arrive in the device's order, so each device keeps a
-stack of its running bars: a bar that opens while another runs is nested in
-it, and when it ends it stays on screen, to be reset by the outer loop's
-next iteration instead of opening a new row; it closes with the outer bar.
-A bar also closes when a host function's error stops its device
-(`failures`), and a step 0 for a bar that is still running (a run that
-stopped unseen) closes it and opens a fresh one.
+A loop whose body was traced inside another decorated body is nested in it
+(`Tap.parent`): when it ends its bar stays on screen, to be reset by its next
+run instead of opening a new row, and closes when a bar of the outer loop on
+that device closes. A bar also closes when a host function's error stops its
+device (`failures`), and a step 0 for a bar that is still running (a run
+that stopped unseen) closes it and opens a fresh one.
 
-One lock (`_lock`) guards every bar and stack; receiver threads of
-different devices take it around each tap.
+One lock (`_lock`) guards every bar; receiver threads of different devices
+take it around each tap.
 """
 
 from __future__ import annotations
 
 import dataclasses
 import threading
-from typing import Any, Dict, List, Optional, Tuple
+from typing import Any, Dict, List, Optional, Set, Tuple
 
 import jax
 import numpy as np
@@ -39,35 +40,31 @@ class _Bar:
   """One tqdm bar, and the steps each device running its loop has done."""
   pbar: Any
   loop: Loop
-  parent: Optional[_Bar]
   steps: Dict[int, int] = dataclasses.field(default_factory=dict)
-  running: set = dataclasses.field(default_factory=set)  # device numbers
-  children: List[_Bar] = dataclasses.field(default_factory=list)
+  running: Set[int] = dataclasses.field(default_factory=set)
   closed: bool = False
 
 
 _lock = threading.RLock()
-_stacks: Dict[int, List[_Bar]] = {}  # device number -> running bars, outer first
+_open: Set[_Bar] = set()  # the bars not closed yet
 
 
 def _close(bar: _Bar) -> None:
-  """Closes `bar` and the bars nested in it; forgets them as running."""
+  """Closes `bar`, then the bars nested in it on its devices."""
   if bar.closed:
     return
-  for child in bar.children:
-    _close(child)
   bar.closed = True
+  _open.discard(bar)
   bar.pbar.close()
-  for device in bar.running:
-    stack = _stacks.get(device, [])
-    if bar in stack:
-      stack.remove(bar)
+  for number in bar.steps:
+    for child in bar.loop.nested.pop(number, []):
+      _close(child)
 
 
 def _close_device(number: int) -> None:
-  """What a failure on device `number` does: closes its running bars."""
+  """What a failure on device `number` does: closes its bars."""
   with _lock:
-    for bar in reversed(list(_stacks.get(number, []))):
+    for bar in [bar for bar in _open if number in bar.steps]:
       _close(bar)
 
 
@@ -76,19 +73,21 @@ failures.add_listener(_close_device)
 
 @dataclasses.dataclass(frozen=True)
 class Tap:
-  """The tap function of one kind of tap of a `Loop`: `final` taps end the
-  loop. `devices`: how many devices run the loop at once, each with its own
-  taps (more than 1 under `pmap` or `shard_map`): each device's bar is on
-  its own row, named by the device, unless they share one."""
+  """The tap function of one `kind` of tap ("step" or "final") of a `Loop`,
+  as traced: `devices` run the loop at once, each with its own taps (more
+  than 1 under `pmap` or `shard_map`: each device's bar is on its own row,
+  named by the device, unless they share one); `parent` is the loop whose
+  body it was traced in, if any, `depth` how many loops are around it."""
   loop: Loop
-  final: bool
+  kind: str
   devices: int
+  parent: Optional[Loop]
+  depth: int
 
   def __call__(self, arg: Any, transforms: Any, *, device: Any) -> None:
     del transforms  # a batch is told apart by its arrays' shapes
     steps, ids = arg if isinstance(arg, tuple) else (arg, None)
-    self.loop.on_tap(_steps_by_id(steps, ids), device, final=self.final,
-                     devices=self.devices)
+    self.loop.on_tap(self, _steps_by_id(steps, ids), device)
 
 
 def _steps_by_id(steps: np.ndarray, ids: Optional[np.ndarray]
@@ -104,10 +103,13 @@ def _steps_by_id(steps: np.ndarray, ids: Optional[np.ndarray]
 
 
 class Loop:
-  """The bars of one decorated loop: how to make them, and the running ones.
+  """The bars of one decorated loop: how to make them, and the open ones.
 
   Args:
     total: the loop's steps, or None when unknown (a `while_loop`).
+    ends_at_total: whether the step tap of step `total - 1` ends the loop
+      (else a final tap does).
+    print_rate: the bar shows the steps that are its multiples.
     tqdm_class: called as `tqdm_class(total=, position=, desc=, **kwargs)`.
     desc: the bars' description (per-device bars add the device).
     position: the row of the first bar; bar ids, devices and nesting add.
@@ -116,26 +118,28 @@ class Loop:
     kwargs: more keyword arguments for `tqdm_class`.
   """
 
-  def __init__(self, total: Optional[int], tqdm_class: Any, desc: str,
-               position: int, per_device: bool, kwargs: Dict[str, Any]):
+  def __init__(self, total: Optional[int], ends_at_total: bool,
+               print_rate: int, tqdm_class: Any, desc: str, position: int,
+               per_device: bool, kwargs: Dict[str, Any]):
     self.total = total
+    self.ends_at_total = ends_at_total
+    self.print_rate = print_rate
     self.tqdm_class = tqdm_class
     self.desc = desc
     self.position = position
     self.per_device = per_device
     self.kwargs = kwargs
     self._bars: Dict[Key, _Bar] = {}
+    # Device number -> ended bars of loops nested in this one, kept open.
+    self.nested: Dict[int, List[_Bar]] = {}
 
-  def tap(self, *, final: bool, devices: int) -> Tap:
-    return Tap(self, final, devices)
-
-  def on_tap(self, steps_by_id: Dict[Optional[int], int], device: Any, *,
-             final: bool, devices: int) -> None:
+  def on_tap(self, tap: Tap, steps_by_id: Dict[Optional[int], int],
+             device: Any) -> None:
     """Opens, moves or closes the bars of a tap from `device`."""
     number = device_number(device)
-    shared = devices if not self.per_device else 1
+    shared = 1 if self.per_device else tap.devices
+    final = tap.kind == "final"
     with _lock:
-      stack = _stacks.setdefault(number, [])
       for bar_id, steps in steps_by_id.items():
         key = (bar_id, None if shared > 1 else number)
         bar = self._bars.get(key)
@@ -145,36 +149,34 @@ class Loop:
         if bar is None or bar.closed or number not in bar.running:
           if not begins and not final:
             continue  # its step 0 went to a bar that has closed since
-          bar = self._start(key, bar, bar_id, device, stack,
-                            rows=self.per_device and devices > 1,
-                            shared=shared)
-        self._advance(bar, number, steps)
-        if final:
-          self._finish(bar, number, stack, shared)
+          bar = self._start(tap, key, bar, bar_id, device, shared)
+        if final or steps % self.print_rate == 0:
+          self._advance(bar, number, steps)
+        if final or (self.ends_at_total and steps == self.total - 1):
+          if not final:
+            self._advance(bar, number, self.total)
+          self._end(tap, bar, number, shared)
 
-  def _start(self, key: Key, bar: Optional[_Bar], bar_id: Optional[int],
-             device: Any, stack: List[_Bar], *, rows: bool,
-             shared: int) -> _Bar:
-    """The bar of a loop that begins on device `device`: a fresh one, or a
-    nested one reset, or one that `shared` devices share, joined."""
+  def _start(self, tap: Tap, key: Key, bar: Optional[_Bar],
+             bar_id: Optional[int], device: Any, shared: int) -> _Bar:
+    """The bar of a loop that begins on `device`: one that `shared` devices
+    share, joined; a nested one, reset; or a fresh one."""
     number = device_number(device)
     if bar is not None and not bar.closed:
-      if len(bar.steps) < shared:  # join the devices that run it
+      if len(bar.steps) < shared:
         bar.steps[number] = 0
-      elif bar.parent is not None and not bar.parent.closed:
-        bar.pbar.reset(total=self.total)  # a nested loop's next run
+      elif tap.parent is not None:
+        bar.pbar.reset(total=self.total)
         bar.steps = {number: 0}
       else:
         _close(bar)
-    if bar is None or bar.closed or number not in bar.steps:
-      outer = [other for other in stack if other.loop is not self]
-      pbar = self._new_tqdm(bar_id, device, len(outer), rows)
-      bar = _Bar(pbar, self, outer[-1] if outer else None, {number: 0})
-      if bar.parent is not None:
-        bar.parent.children.append(bar)
+    if bar is None or bar.closed:
+      rows = self.per_device and tap.devices > 1
+      bar = _Bar(self._new_tqdm(bar_id, device, tap.depth, rows), self,
+                 {number: 0})
       self._bars[key] = bar
+      _open.add(bar)
     bar.running.add(number)
-    stack.append(bar)
     return bar
 
   def _new_tqdm(self, bar_id: Optional[int], device: Any, depth: int,
@@ -193,13 +195,13 @@ class Loop:
     if shown > bar.pbar.n:
       bar.pbar.update(shown - bar.pbar.n)
 
-  def _finish(self, bar: _Bar, number: int, stack: List[_Bar],
-              shared: int) -> None:
-    """Device `number` ended `bar`'s loop: the last of the `shared` devices
-    to end it closes it, unless it is nested in a bar still running."""
+  def _end(self, tap: Tap, bar: _Bar, number: int, shared: int) -> None:
+    """Device `number` ended `bar`'s loop: when the last of the `shared`
+    devices has, the bar closes, or, nested, waits for its outer loop."""
     bar.running.discard(number)
-    if bar in stack:
-      stack.remove(bar)
-    if (not bar.running and len(bar.steps) >= shared and
-        (bar.parent is None or bar.parent.closed)):
+    if bar.running or len(bar.steps) < shared:
+      return
+    if tap.parent is None:
       _close(bar)
+    elif bar not in tap.parent.nested.setdefault(number, []):
+      tap.parent.nested[number].append(bar)

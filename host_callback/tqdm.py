@@ -16,11 +16,13 @@ drawn by the process that owns the device.
 
 from __future__ import annotations
 
+import contextlib
 import dataclasses
 import functools
 import importlib
 import math
-from typing import Any, Callable, Generic, Optional, Tuple, TypeVar
+import threading
+from typing import Any, Callable, Generic, Iterator, Optional, Tuple, TypeVar
 
 import jax
 import jax.numpy as jnp
@@ -72,8 +74,8 @@ def _checked_print_rate(n: int, print_rate: Optional[int]) -> int:
   return print_rate
 
 
-def _make_loop(total: Optional[int], tqdm_type: str, per_device: bool,
-               kwargs: dict) -> Loop:
+def _make_loop(total: Optional[int], ends_at_total: bool, print_rate: int,
+               tqdm_type: str, per_device: bool, kwargs: dict) -> _Taps:
   tqdm_class = _tqdm_class(tqdm_type)
   default = (f"Running for {total:,} iterations" if total is not None
              else "Running")
@@ -82,7 +84,8 @@ def _make_loop(total: Optional[int], tqdm_type: str, per_device: bool,
   position = kwargs.pop("position", 0)
   for name in _DROPPED:
     kwargs.pop(name, None)
-  return Loop(total, tqdm_class, desc, position, per_device, kwargs)
+  return _Taps(Loop(total, ends_at_total, print_rate, tqdm_class, desc,
+                    position, per_device, kwargs), print_rate)
 
 
 def _devices_per_run() -> int:
@@ -92,37 +95,53 @@ def _devices_per_run() -> int:
   return math.prod(mesh.shape[axis] for axis in mesh.manual_axes)
 
 
-def _tap(tap: Tap, steps: Any, bar_id: Any, result: Any) -> Any:
-  arg = steps if bar_id is None else (steps, bar_id)
-  return api.id_tap(tap, arg, result=result, tap_with_device=True)
+def _tap(tap: Tap, steps: Any, bar_id: Any) -> None:
+  api.id_tap(tap, steps if bar_id is None else (steps, bar_id),
+             tap_with_device=True)
+
+
+_tracing = threading.local()  # .loops: the loops whose bodies are traced
+
+
+@contextlib.contextmanager
+def _tracing_body(loop: Loop) -> Iterator[None]:
+  """While `loop`'s body is traced: loops traced in it are nested in it."""
+  loops = _tracing.__dict__.setdefault("loops", [])
+  loops.append(loop)
+  try:
+    yield
+  finally:
+    loops.pop()
 
 
 class _Taps:
-  """The taps a decorated body makes, from its `Loop`."""
+  """The taps a decorated body makes, from its `Loop`: at most one
+  `lax.cond` per step, which passes a scalar only (XLA's CPU loops slow
+  down with a second one). The taps are ordered with the program's other
+  taps and calls, and tied to none of its values."""
 
   def __init__(self, loop: Loop, print_rate: int):
     self.loop = loop
     self.print_rate = print_rate
 
-  def step(self, i: Any, bar_id: Any, operand: Any) -> Any:
-    """Before step `i`, every `print_rate` steps: `i` steps done."""
-    tap = self.loop.tap(final=False, devices=_devices_per_run())
+  def _tap(self, kind: str) -> Tap:
+    loops = _tracing.__dict__.get("loops", [])
+    return Tap(self.loop, kind, _devices_per_run(),
+               loops[-1] if loops else None, len(loops))
+
+  def step(self, i: Any, bar_id: Any) -> None:
+    """After step `i`, if the bar shows `i` or it is the first or last."""
+    tap = self._tap("step")
     if self.print_rate == 1:
-      return _tap(tap, i, bar_id, operand)
-    return jax.lax.cond(i % self.print_rate == 0,
-                        lambda o: _tap(tap, i, bar_id, o), lambda o: o,
-                        operand)
+      return _tap(tap, i, bar_id)
+    shows = i % self.print_rate == 0
+    if self.loop.ends_at_total:
+      shows = shows | (i == self.loop.total - 1)
+    jax.lax.cond(shows, lambda: _tap(tap, i, bar_id), lambda: None)
 
-  def end(self, steps: Any, bar_id: Any, operand: Any) -> Any:
-    """After the loop's last step: `steps` done."""
-    tap = self.loop.tap(final=True, devices=_devices_per_run())
-    return _tap(tap, steps, bar_id, operand)
-
-  def end_at(self, i: Any, n: int, bar_id: Any, operand: Any) -> Any:
-    """After step `i`, if it is the last of `n`."""
-    return jax.lax.cond(i == n - 1,
-                        lambda o: self.end(i + 1, bar_id, o), lambda o: o,
-                        operand)
+  def end(self, steps: Any, bar_id: Any) -> None:
+    """After a loop of unknown length: `steps` done."""
+    _tap(self._tap("final"), steps, bar_id)
 
 
 def _unwrap(carry: Any) -> Tuple[Any, Any]:
@@ -155,16 +174,17 @@ def scan_tqdm(n: int, print_rate: Optional[int] = None,
     kwargs: for tqdm (`desc`, `position`, `leave`, `ncols`, ...; `message`
       is jax-tqdm's `desc`).
   """
-  taps = _Taps(_make_loop(n, tqdm_type, per_device, kwargs),
-               _checked_print_rate(n, print_rate))
+  taps = _make_loop(n, True, _checked_print_rate(n, print_rate), tqdm_type,
+                    per_device, kwargs)
 
   def decorator(func: Callable) -> Callable:
     @functools.wraps(func)
     def wrapper(carry: Any, x: Any) -> Any:
       i = x[0] if isinstance(x, tuple) else x
       bar_id, carry = _unwrap(carry)
-      carry, x = taps.step(i, bar_id, (carry, x))
-      carry, y = taps.end_at(i, n, bar_id, func(carry, x))
+      with _tracing_body(taps.loop):
+        carry, y = func(carry, x)
+      taps.step(i, bar_id)
       return _wrap(bar_id, carry), y
     return wrapper
   return decorator
@@ -176,15 +196,17 @@ def loop_tqdm(n: int, print_rate: Optional[int] = None,
   """A tqdm bar for a `lax.fori_loop` of `n` steps, as jax-tqdm's
   `loop_tqdm`: decorates the body `f(i, val)`; `val` may be a `PBar`.
   Arguments as `scan_tqdm`'s."""
-  taps = _Taps(_make_loop(n, tqdm_type, per_device, kwargs),
-               _checked_print_rate(n, print_rate))
+  taps = _make_loop(n, True, _checked_print_rate(n, print_rate), tqdm_type,
+                    per_device, kwargs)
 
   def decorator(func: Callable) -> Callable:
     @functools.wraps(func)
     def wrapper(i: Any, val: Any) -> Any:
       bar_id, val = _unwrap(val)
-      i, val = taps.step(i, bar_id, (i, val))
-      return _wrap(bar_id, taps.end_at(i, n, bar_id, func(i, val)))
+      with _tracing_body(taps.loop):
+        val = func(i, val)
+      taps.step(i, bar_id)
+      return _wrap(bar_id, val)
     return wrapper
   return decorator
 
@@ -205,16 +227,20 @@ def while_tqdm(total: Optional[int] = None, print_rate: int = 1,
   """
   if print_rate < 1:
     raise ValueError(f"Print rate should be > 0 got {print_rate}")
-  taps = _Taps(_make_loop(total, tqdm_type, per_device, kwargs), print_rate)
+  taps = _make_loop(total, False, print_rate, tqdm_type, per_device, kwargs)
 
   def while_loop(cond_fun: Callable, body_fun: Callable, init_val: Any) -> Any:
     bar_id, init_val = _unwrap(init_val)
 
     def body(state: Tuple[Any, Any]) -> Tuple[Any, Any]:
-      count, val = taps.step(state[0], bar_id, state)
-      return count + 1, body_fun(val)
+      count, val = state
+      with _tracing_body(taps.loop):
+        val = body_fun(val)
+      taps.step(count, bar_id)
+      return count + 1, val
 
     count, val = jax.lax.while_loop(lambda state: cond_fun(state[1]), body,
                                     (jnp.int32(0), init_val))
-    return _wrap(bar_id, taps.end(count, bar_id, val))
+    taps.end(count, bar_id)
+    return _wrap(bar_id, val)
   return while_loop

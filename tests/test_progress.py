@@ -160,11 +160,11 @@ def test_bar_moves_while_the_loop_runs(log):
 
   scan(step, 6)
   hcb.barrier_wait()
-  # Before step i, the bar has moved to i (every 2 steps); it closes after
-  # the last step.
+  # After step i the bar has moved to i (every 2 steps), as jax-tqdm's
+  # before step i; it closes after the last step.
   assert log.events == [
-      (None, 0), (None, 1), (0, ("update", 2)), (None, 2), (None, 3),
-      (0, ("update", 2)), (None, 4), (None, 5), (0, ("update", 2)),
+      (None, 0), (None, 1), (None, 2), (0, ("update", 2)), (None, 3),
+      (None, 4), (0, ("update", 2)), (None, 5), (0, ("update", 2)),
       (0, ("close",))]
 
 
@@ -173,12 +173,13 @@ def test_every_step_in_the_synchronous_mode_moves_the_bar(log):
 
   @scan_tqdm(50, print_rate=1)
   def step(carry, i):
-    hcb.id_tap(lambda i, _: seen.append(log.bars[0].n), i)
+    hcb.id_tap(lambda i, _: seen.append(log.bars[0].n if log.bars else None),
+               i)
     return carry, None
 
   scan(step, 50)
   hcb.barrier_wait()
-  assert seen == list(range(50))
+  assert seen == [None, *range(49)]  # it opens after step 0
   assert log.of(0) == updates(1, 50)
 
 
@@ -211,10 +212,10 @@ def test_a_failed_loop_closes_its_bar_and_a_rerun_opens_a_fresh_one(log):
     jax.block_until_ready(scan(step, 10))
   error = barrier_report()
   assert error is None or "step 5 failed" in str(error)
-  # Synchronous: the computation stopped at step 5, and so did the bar. The
-  # outfeed mode does not wait for taps: the loop ran to its end.
+  # Synchronous: the computation stopped in step 5, and the bar shows the
+  # 4 before it. The outfeed mode does not wait for taps: the loop ran on.
   if synchronous():
-    assert log.of(0) == [("update", 1)] * 5 + [("close",)]
+    assert log.of(0) == [("update", 1)] * 4 + [("close",)]
   else:
     assert log.of(0) == updates(1, 10)
   fail[0] = False
@@ -240,7 +241,7 @@ def test_a_failed_call_closes_the_bar_in_both_modes(log):
   else:  # the outfeed mode raises a call's error at the barrier too
     with pytest.raises(hcb.CallbackException, match="no host result"):
       hcb.barrier_wait()
-  assert log.of(0) == [("update", 1)] * 3 + [("close",)]
+  assert log.of(0) == [("update", 1)] * 2 + [("close",)]  # after step 2
 
 
 def _device_descs(n: int, total: int) -> List[Tuple[str, int, int]]:
@@ -365,15 +366,16 @@ def test_nested_loops_reuse_the_inner_bar(log):
 
   assert int(scan(outer, 3)[0]) == 12
   hcb.barrier_wait()
-  # The inner bar is one row below the outer, made once and reset for each
-  # outer step; it closes with the outer bar.
-  assert log.made() == [("epochs", 3, 0), (DESC.format(4), 4, 1)]
+  # The inner bar is one row below the outer, made once (before the outer,
+  # which opens after its step 0) and reset for each outer step; it closes
+  # with the outer bar.
+  assert log.made() == [(DESC.format(4), 4, 1), ("epochs", 3, 0)]
   inner_run = [("update", 2), ("update", 2)]
   assert [event for _, event in log.events] == (
-      inner_run + [("update", 1)] + [("reset", 4)] + inner_run +
-      [("update", 1), ("reset", 4)] + inner_run + [("update", 1)] +
-      [("close",), ("close",)])
+      inner_run + [("reset", 4)] + inner_run + [("update", 1), ("reset", 4)] +
+      inner_run + [("update", 1), ("update", 1), ("close",), ("close",)])
   assert [bar for bar, _ in log.events[-2:]] == [1, 0]
+  assert log.of(1) == updates(1, 3)
 
 
 JAX_TQDM_PROGRAM = """
