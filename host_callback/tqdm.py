@@ -74,7 +74,7 @@ def _checked_print_rate(n: int, print_rate: Optional[int]) -> int:
   return print_rate
 
 
-def _make_loop(total: Optional[int], ends_at_total: bool, print_rate: int,
+def _make_taps(total: Optional[int], ends_at_total: bool, print_rate: int,
                tqdm_type: str, per_device: bool, kwargs: dict) -> _Taps:
   tqdm_class = _tqdm_class(tqdm_type)
   default = (f"Running for {total:,} iterations" if total is not None
@@ -85,7 +85,7 @@ def _make_loop(total: Optional[int], ends_at_total: bool, print_rate: int,
   for name in _DROPPED:
     kwargs.pop(name, None)
   return _Taps(Loop(total, ends_at_total, print_rate, tqdm_class, desc,
-                    position, per_device, kwargs), print_rate)
+                    position, per_device, kwargs))
 
 
 def _devices_per_run() -> int:
@@ -120,28 +120,29 @@ class _Taps:
   down with a second one). The taps are ordered with the program's other
   taps and calls, and tied to none of its values."""
 
-  def __init__(self, loop: Loop, print_rate: int):
+  def __init__(self, loop: Loop):
     self.loop = loop
-    self.print_rate = print_rate
 
-  def _tap(self, kind: str) -> Tap:
+  def _tap_function(self, kind: str) -> Tap:
     loops = _tracing.__dict__.get("loops", [])
     return Tap(self.loop, kind, _devices_per_run(),
                loops[-1] if loops else None, len(loops))
 
   def step(self, i: Any, bar_id: Any) -> None:
     """After step `i`, if the bar shows `i` or it is the first or last."""
-    tap = self._tap("step")
-    if self.print_rate == 1:
-      return _tap(tap, i, bar_id)
-    shows = i % self.print_rate == 0
-    if self.loop.ends_at_total:
-      shows = shows | (i == self.loop.total - 1)
+    tap = self._tap_function("step")
+    rate, total = self.loop.print_rate, self.loop.total
+    if rate == 1:
+      _tap(tap, i, bar_id)
+      return
+    shows = i % rate == 0
+    if self.loop.ends_at_total and (total - 1) % rate:
+      shows = shows | (i == total - 1)
     jax.lax.cond(shows, lambda: _tap(tap, i, bar_id), lambda: None)
 
   def end(self, steps: Any, bar_id: Any) -> None:
     """After a loop of unknown length: `steps` done."""
-    _tap(self._tap("final"), steps, bar_id)
+    _tap(self._tap_function("final"), steps, bar_id)
 
 
 def _unwrap(carry: Any) -> Tuple[Any, Any]:
@@ -174,7 +175,7 @@ def scan_tqdm(n: int, print_rate: Optional[int] = None,
     kwargs: for tqdm (`desc`, `position`, `leave`, `ncols`, ...; `message`
       is jax-tqdm's `desc`).
   """
-  taps = _make_loop(n, True, _checked_print_rate(n, print_rate), tqdm_type,
+  taps = _make_taps(n, True, _checked_print_rate(n, print_rate), tqdm_type,
                     per_device, kwargs)
 
   def decorator(func: Callable) -> Callable:
@@ -196,7 +197,7 @@ def loop_tqdm(n: int, print_rate: Optional[int] = None,
   """A tqdm bar for a `lax.fori_loop` of `n` steps, as jax-tqdm's
   `loop_tqdm`: decorates the body `f(i, val)`; `val` may be a `PBar`.
   Arguments as `scan_tqdm`'s."""
-  taps = _make_loop(n, True, _checked_print_rate(n, print_rate), tqdm_type,
+  taps = _make_taps(n, True, _checked_print_rate(n, print_rate), tqdm_type,
                     per_device, kwargs)
 
   def decorator(func: Callable) -> Callable:
@@ -227,7 +228,7 @@ def while_tqdm(total: Optional[int] = None, print_rate: int = 1,
   """
   if print_rate < 1:
     raise ValueError(f"Print rate should be > 0 got {print_rate}")
-  taps = _make_loop(total, False, print_rate, tqdm_type, per_device, kwargs)
+  taps = _make_taps(total, False, print_rate, tqdm_type, per_device, kwargs)
 
   def while_loop(cond_fun: Callable, body_fun: Callable, init_val: Any) -> Any:
     bar_id, init_val = _unwrap(init_val)
