@@ -421,3 +421,19 @@ def test_the_demo_shows_a_bar_for_its_training_loop(both_modes):
       "received 200 losses from the device: first 3.3452, last 0.000000")
   final = done.stderr.replace("\r", "\n").strip().splitlines()[-1]
   assert re.match(r"training: 100%.* 200/200 ", final), done.stderr
+
+
+def test_jax_tqdm_prints_the_same_program_alike(both_modes):
+  """Where jax-tqdm is installed: the same results and final bars."""
+  pytest.importorskip("jax_tqdm")
+  env = {"JAX_HOST_CALLBACK_OUTFEED": "1" if both_modes == "outfeed" else "0"}
+  outputs = []
+  for import_line in ("from jax_tqdm import loop_tqdm, scan_tqdm",
+                      "from host_callback.tqdm import loop_tqdm, scan_tqdm"):
+    done = run_python(JAX_TQDM_PROGRAM.format(import_line=import_line),
+                      env=env)
+    assert done.returncode == 0, done.stderr
+    finals = [re.sub(r"\[.*", "", line) for line in
+              done.stderr.replace("\r", "\n").splitlines() if "100%" in line]
+    outputs.append((done.stdout, finals))
+  assert outputs[0] == outputs[1]
