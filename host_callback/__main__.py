@@ -2,12 +2,15 @@
 
 Fits a line with gradient descent inside one `jax.jit`-ed `lax.scan`; every
 step taps its loss to the host with `id_tap`, every 50th step prints with
-`id_print`, and `barrier_wait` waits for the reports before the summary.
+`id_print`, a tqdm bar (`host_callback.tqdm.scan_tqdm`, when tqdm is
+installed) shows the progress on stderr, and `barrier_wait` waits for the
+reports before the summary.
 """
 
 from __future__ import annotations
 
 import time
+from typing import Callable
 
 import jax
 import jax.numpy as jnp
@@ -15,8 +18,18 @@ import numpy as np
 
 import host_callback as hcb
 from host_callback import runtime, settings
+from host_callback.tqdm import scan_tqdm
 
 STEPS = 200
+
+
+def with_bar(step: Callable) -> Callable:
+  """`step` with a progress bar, or as it is without tqdm."""
+  try:
+    return scan_tqdm(STEPS, desc="training")(step)
+  except ImportError:
+    print("(no progress bar: pip install tqdm for one)")
+    return step
 
 
 def main() -> None:
@@ -32,6 +45,7 @@ def main() -> None:
     w, b = params
     return jnp.mean((w * xs + b - ys) ** 2)
 
+  @with_bar
   def step(params, i):
     loss, grads = jax.value_and_grad(loss_fn)(params)
     hcb.id_tap(record_loss, loss)

@@ -12,6 +12,8 @@ from typing import Any, Callable, Dict, Hashable, List, Optional, Sequence, Tupl
 import jax
 import numpy as np
 
+from . import failures
+
 # A transformation entry as stored in primitive params (hashable):
 # (name, ((param_name, value), ...)).
 Transforms = Tuple[Tuple[str, Tuple[Tuple[str, Any], ...]], ...]
@@ -231,19 +233,29 @@ def make_consumer(function: HostFunction, transforms: Transforms,
   if not function.is_call:
     if not function.with_device:
       def tap(arrays: Sequence[np.ndarray], device_id: int) -> None:
-        del device_id
-        func(argument(arrays), unpacked)
+        try:
+          func(argument(arrays), unpacked)
+        except BaseException:
+          failures.notify(device_id, is_call=False)
+          raise
       return tap
 
     def tap_with_device(arrays: Sequence[np.ndarray], device_id: int) -> None:
-      func(argument(arrays), unpacked, **device_kwargs(device_id))
+      try:
+        func(argument(arrays), unpacked, **device_kwargs(device_id))
+      except BaseException:
+        failures.notify(device_id, is_call=False)
+        raise
     return tap_with_device
 
   def call(arrays: Sequence[np.ndarray], device_id: int
            ) -> Sequence[np.ndarray]:
     try:
       result = func(argument(arrays), **device_kwargs(device_id))
-    except Exception as error:
+    except BaseException as error:
+      failures.notify(device_id, is_call=True)
+      if not isinstance(error, Exception):
+        raise
       raise CallError(
           f"host_callback.call: {function.name} raised "
           f"{type(error).__name__}: {error}") from error

@@ -13,6 +13,12 @@ calls, `jax.pure_callback`; ratios are `baseline time / host_callback time`
 (above 1: host_callback is faster). Times are the median of `--repeat` runs
 after a warm-up run that compiles.
 
+The progress-bar rows time `host_callback.tqdm.scan_tqdm` and jax-tqdm 0.4's
+(its column is empty, with a note, where jax-tqdm is not installed) on a
+20k-step scan of a 16x16 matmul: the cost of each bar update with
+`print_rate=1`, and the whole scan with the default rate (every n/20 steps)
+beside the same scan without a bar.
+
 The large-array rows also time `jit(lambda x: x + 1)` on the same array, one
 pass over the data: the yardstick for a tap (one copy) and a call. Their
 taps return one element of the array, not the array: a jitted function that
@@ -24,10 +30,12 @@ of 4 bytes to 1 GiB on each transport.
 from __future__ import annotations
 
 import argparse
+import functools
 import os
 import platform
 import re
 import statistics
+import sys
 import time
 from typing import Callable, Dict, List, Optional, Tuple
 
@@ -40,6 +48,7 @@ from jax.experimental import io_callback  # noqa: E402
 
 import host_callback as hcb  # noqa: E402
 from host_callback import runtime  # noqa: E402
+from host_callback.tqdm import scan_tqdm  # noqa: E402
 from tools import bench_barrier  # noqa: E402
 
 
@@ -182,6 +191,56 @@ def _step_time(op: Callable, repeat: int, calls: int = 2000) -> float:
     _drain()
     return ((time.perf_counter() - start) / calls,)
   return _time(run, repeat)[0]
+
+
+# --- Progress bars: `make(n, print_rate)` gives a scan body's decorator ------
+
+def _hcb_bar(n: int, print_rate: Optional[int]) -> Callable:
+  return scan_tqdm(n, print_rate, file=open(os.devnull, "w"))
+
+
+def _no_bar(n: int, print_rate: Optional[int]) -> Callable:
+  del n, print_rate
+  return lambda body: body
+
+
+@functools.lru_cache(maxsize=None)
+def _progress_baselines() -> Dict[str, Callable]:
+  """jax-tqdm's bar where it is installed; else none, with a note."""
+  try:
+    import jax_tqdm
+  except ImportError:
+    print("note: jax-tqdm is not installed, so the progress-bar rows have no "
+          "jax-tqdm column (pip install 'jax-tqdm==0.4.*')", file=sys.stderr)
+    return {}
+  return {"jax-tqdm": lambda n, print_rate: jax_tqdm.scan_tqdm(
+      n, print_rate, file=open(os.devnull, "w"))}
+
+
+def _bar_scan_time(make: Callable, steps: int, print_rate: Optional[int],
+                   repeat: int) -> float:
+  """Seconds for a `steps`-step scan of a 16x16 matmul with the bar that
+  `make` gives, until its callbacks drained."""
+  weights = jnp.eye(16, dtype=jnp.float32) * 0.5
+
+  @make(steps, print_rate)
+  def body(carry, i):
+    return jnp.tanh(carry @ weights + i), None
+  f = jax.jit(lambda x: jax.lax.scan(body, x, jnp.arange(steps))[0])
+  x = jnp.ones((16, 16), jnp.float32)
+
+  def run():
+    start = time.perf_counter()
+    jax.block_until_ready(f(x))
+    _drain()
+    return (time.perf_counter() - start,)
+  return _time(run, repeat)[0]
+
+
+def _per_update(make: Callable, steps: int, repeat: int) -> float:
+  """Microseconds that each update of a bar with `print_rate=1` adds."""
+  with_bar = _bar_scan_time(make, steps, 1, repeat)
+  return 1e6 * (with_bar - _bar_scan_time(_no_bar, steps, 1, repeat)) / steps
 
 
 # --- The table -----------------------------------------------------------------
@@ -331,6 +390,18 @@ def collect(quick: bool, repeat: int, only: str = "") -> List[Row]:
   add("call round trip of 32 MiB f32[8,1024,1024] (x+1)", "ms",
       lambda make: 1e3 * _one_shot_times(make(plus_one), big, repeat)[0],
       CALLERS, _call_hcb)
+  steps = 20_000 // scale
+  for synchronous, label in ((True, "synchronous"), (False, "until drained")):
+    add(f"progress bar update, per step of a {steps}-step scan of a 16x16 "
+        f"matmul, print_rate=1 ({label})", "µs",
+        lambda make: _per_update(make, steps, repeat),
+        _progress_baselines() if synchronous else {}, _hcb_bar,
+        synchronous=synchronous)
+  add(f"{steps}-step scan of a 16x16 matmul with a progress bar at the "
+      "default rate (synchronous)", "ms",
+      lambda make: 1e3 * _bar_scan_time(make, steps, None, repeat),
+      {"no bar": _no_bar, **_progress_baselines()}, _hcb_bar,
+      synchronous=True)
   return rows
 
 

@@ -1,0 +1,207 @@
+"""The host side of the progress bars: tqdm bars that taps open, move and
+close.
+
+A `Loop` is one decorated loop body. Its taps come with the device that
+sent them and a number: a *step* tap after step `i` (0 opens the bar; it
+shows `i` when `i` is a multiple of the print rate, as jax-tqdm does; the
+last step of a loop of known length, `ends_at_total`, ends the loop), and a
+*final* tap after a loop of unknown length, with the steps done, which ends
+it. Each bar has a key, `(bar id, device number)`; the device part is None
+when the devices share one bar, whose value is then the slowest device's.
+
+A loop whose body was traced inside another decorated body is nested in it
+(`Tap.parent`): when it ends its bar stays on screen, to be reset by its next
+run instead of opening a new row, and closes when a bar of the outer loop on
+that device closes. A bar also closes when a host function's error stops its
+device (`failures`), and a step 0 for a bar that is still running (a run
+that stopped unseen) closes it and opens a fresh one.
+
+One lock (`_lock`) guards every bar; receiver threads of different devices
+take it around each tap.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import threading
+from typing import Any, Dict, List, Optional, Set, Tuple
+
+import jax
+import numpy as np
+
+from . import failures
+from .devices import device_number
+
+Key = Tuple[Optional[int], Optional[int]]  # (bar id, device number)
+
+
+@dataclasses.dataclass(eq=False)
+class _Bar:
+  """One tqdm bar, and the steps each device running its loop has done."""
+  pbar: Any
+  loop: Loop
+  steps: Dict[int, int] = dataclasses.field(default_factory=dict)
+  running: Set[int] = dataclasses.field(default_factory=set)
+  closed: bool = False
+
+
+_lock = threading.RLock()
+_open: Set[_Bar] = set()  # the bars not closed yet
+
+
+def _close(bar: _Bar) -> None:
+  """Closes `bar`, then the bars nested in it on its devices."""
+  if bar.closed:
+    return
+  bar.closed = True
+  _open.discard(bar)
+  bar.pbar.close()
+  for number in bar.steps:
+    for child in bar.loop.nested.pop(number, []):
+      _close(child)
+
+
+def _close_device(number: int) -> None:
+  """What a failure on device `number` does: closes its bars."""
+  with _lock:
+    for bar in [bar for bar in _open if number in bar.steps]:
+      _close(bar)
+
+
+failures.add_listener(_close_device)
+
+
+@dataclasses.dataclass(frozen=True)
+class Tap:
+  """The tap function of one `kind` of tap ("step" or "final") of a `Loop`,
+  as traced: `devices` run the loop at once, each with its own taps (more
+  than 1 under `pmap` or `shard_map`: each device's bar is on its own row,
+  named by the device, unless they share one); `parent` is the loop whose
+  body it was traced in, if any, `depth` how many loops are around it."""
+  loop: Loop
+  kind: str
+  devices: int
+  parent: Optional[Loop]
+  depth: int
+
+  def __call__(self, arg: Any, transforms: Any, *, device: Any) -> None:
+    del transforms  # a batch is told apart by its arrays' shapes
+    steps, ids = arg if isinstance(arg, tuple) else (arg, None)
+    self.loop.on_tap(self, _steps_by_id(steps, ids), device)
+
+
+def _steps_by_id(steps: np.ndarray, ids: Optional[np.ndarray]
+                 ) -> Dict[Optional[int], int]:
+  """The steps done, by bar id (None without ids): the most of a batch."""
+  if ids is None:
+    return {None: int(steps.max()) if steps.ndim else int(steps)}
+  result: Dict[Optional[int], int] = {}
+  for step, bar_id in zip(*(a.ravel().tolist()
+                            for a in np.broadcast_arrays(steps, ids))):
+    result[bar_id] = max(step, result.get(bar_id, 0))
+  return result
+
+
+class Loop:
+  """The bars of one decorated loop: how to make them, and the open ones.
+
+  Args:
+    total: the loop's steps, or None when unknown (a `while_loop`).
+    ends_at_total: whether the step tap of step `total - 1` ends the loop
+      (else a final tap does).
+    print_rate: the bar shows the steps that are its multiples.
+    tqdm_class: called as `tqdm_class(total=, position=, desc=, **kwargs)`.
+    desc: the bars' description (per-device bars add the device).
+    position: the row of the first bar; bar ids, devices and nesting add.
+    per_device: one bar per device under `pmap` and `shard_map`, or one for
+      all.
+    kwargs: more keyword arguments for `tqdm_class`.
+  """
+
+  def __init__(self, total: Optional[int], ends_at_total: bool,
+               print_rate: int, tqdm_class: Any, desc: str, position: int,
+               per_device: bool, kwargs: Dict[str, Any]):
+    self.total = total
+    self.ends_at_total = ends_at_total
+    self.print_rate = print_rate
+    self.tqdm_class = tqdm_class
+    self.desc = desc
+    self.position = position
+    self.per_device = per_device
+    self.kwargs = kwargs
+    self._bars: Dict[Key, _Bar] = {}
+    # Device number -> ended bars of loops nested in this one, kept open.
+    self.nested: Dict[int, List[_Bar]] = {}
+
+  def on_tap(self, tap: Tap, steps_by_id: Dict[Optional[int], int],
+             device: Any) -> None:
+    """Opens, moves or closes the bars of a tap from `device`."""
+    number = device_number(device)
+    shared = 1 if self.per_device else tap.devices
+    final = tap.kind == "final"
+    with _lock:
+      for bar_id, steps in steps_by_id.items():
+        key = (bar_id, None if shared > 1 else number)
+        bar = self._bars.get(key)
+        begins = steps == 0 and not final
+        if bar is not None and number in bar.running and begins:
+          _close(bar)  # its last run stopped unseen: a fresh bar
+        if bar is None or bar.closed or number not in bar.running:
+          if not begins and not final:
+            continue  # its step 0 went to a bar that has closed since
+          bar = self._start(tap, key, bar, bar_id, device, shared)
+        if final or steps % self.print_rate == 0:
+          self._advance(bar, number, steps)
+        if final or (self.ends_at_total and steps == self.total - 1):
+          if not final:
+            self._advance(bar, number, self.total)
+          self._end(tap, bar, number, shared)
+
+  def _start(self, tap: Tap, key: Key, bar: Optional[_Bar],
+             bar_id: Optional[int], device: Any, shared: int) -> _Bar:
+    """The bar of a loop that begins on `device`: one that `shared` devices
+    share, joined; a nested one, reset; or a fresh one."""
+    number = device_number(device)
+    if bar is not None and not bar.closed:
+      if len(bar.steps) < shared:
+        bar.steps[number] = 0
+      elif tap.parent is not None:
+        bar.pbar.reset(total=self.total)
+        bar.steps = {number: 0}
+      else:
+        _close(bar)
+    if bar is None or bar.closed:
+      rows = self.per_device and tap.devices > 1
+      bar = _Bar(self._new_tqdm(bar_id, device, tap.depth, rows), self,
+                 {number: 0})
+      self._bars[key] = bar
+      _open.add(bar)
+    bar.running.add(number)
+    return bar
+
+  def _new_tqdm(self, bar_id: Optional[int], device: Any, depth: int,
+                rows: bool) -> Any:
+    row, stride, desc = 0, 1, self.desc
+    if rows:
+      local = jax.local_devices(backend=device.platform)
+      row, stride, desc = local.index(device), len(local), f"{device}: {desc}"
+    position = self.position + (bar_id or 0) + row + depth * stride
+    return self.tqdm_class(total=self.total, position=position, desc=desc,
+                           **self.kwargs)
+
+  def _advance(self, bar: _Bar, number: int, steps: int) -> None:
+    bar.steps[number] = steps
+    shown = min(bar.steps.values())
+    if shown > bar.pbar.n:
+      bar.pbar.update(shown - bar.pbar.n)
+
+  def _end(self, tap: Tap, bar: _Bar, number: int, shared: int) -> None:
+    """Device `number` ended `bar`'s loop: when the last of the `shared`
+    devices has, the bar closes, or, nested, waits for its outer loop."""
+    bar.running.discard(number)
+    if bar.running or len(bar.steps) < shared:
+      return
+    if tap.parent is None:
+      _close(bar)
+    elif bar not in tap.parent.nested.setdefault(number, []):
+      tap.parent.nested[number].append(bar)

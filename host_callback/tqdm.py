@@ -1,0 +1,247 @@
+"""Progress bars for jitted loops: jax-tqdm 0.4's `scan_tqdm`, `loop_tqdm`
+and `PBar`, on `id_tap`, and `while_tqdm` for `lax.while_loop`.
+
+    from host_callback.tqdm import scan_tqdm   # was: from jax_tqdm import ...
+
+    @scan_tqdm(1000)
+    def step(carry, i): ...
+    jax.lax.scan(step, init, jnp.arange(1000))
+
+Beyond jax-tqdm: under `pmap` and `shard_map` one bar per device (or one for
+all with `per_device=False`), under `vmap` one bar for the batch, nested
+loops reuse their inner bar, a bar closes when its computation fails, and a
+tap costs a few microseconds, so `print_rate=1` is affordable. The bars are
+drawn by the process that owns the device.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import dataclasses
+import functools
+import importlib
+import math
+import threading
+from typing import Any, Callable, Generic, Iterator, Optional, Tuple, TypeVar
+
+import jax
+import jax.numpy as jnp
+
+from . import api
+from .progress import Loop, Tap
+
+__all__ = ["PBar", "loop_tqdm", "scan_tqdm", "while_tqdm"]
+
+C = TypeVar("C")
+_TQDM_TYPES = ("auto", "std", "notebook")
+# Options that the bars set themselves; jax-tqdm drops them too.
+_DROPPED = ("total", "mininterval", "maxinterval", "miniters")
+
+
+@jax.tree_util.register_dataclass
+@dataclasses.dataclass
+class PBar(Generic[C]):
+  """A loop's carry with the id of its bar, as in jax-tqdm: under `vmap`,
+  `PBar(id=jnp.arange(k), carry=...)` gives each batch element its own
+  bar, at row `id`. Not needed for one bar per batch."""
+  id: Any
+  carry: C
+
+
+def _tqdm_class(tqdm_type: str) -> Any:
+  if tqdm_type not in _TQDM_TYPES:
+    raise ValueError(
+        'tqdm_type should be one of "auto", "std", or "notebook" '
+        f'but got "{tqdm_type}"')
+  module = importlib.import_module(f"tqdm.{tqdm_type}")
+  if tqdm_type == "notebook" and module.IProgress is None:
+    raise ImportError(
+        f'host_callback.tqdm: tqdm_type="notebook" needs ipywidgets '
+        f'({module.WARN_NOIPYW}). Install ipywidgets and run in Jupyter, or '
+        'use tqdm_type="auto", which picks the notebook bar where it works.')
+  return module.tqdm
+
+
+def _checked_print_rate(n: int, print_rate: Optional[int]) -> int:
+  """jax-tqdm's rule: every n/20 steps by default, at least 1."""
+  if print_rate is None:
+    return int(n / 20) if n > 20 else 1
+  if print_rate < 1:
+    raise ValueError(f"Print rate should be > 0 got {print_rate}")
+  if print_rate > n:
+    raise ValueError("Print rate should be less than the "
+                     f"number of steps {n}, got {print_rate}")
+  return print_rate
+
+
+def _make_taps(total: Optional[int], ends_at_total: bool, print_rate: int,
+               tqdm_type: str, per_device: bool, kwargs: dict) -> _Taps:
+  tqdm_class = _tqdm_class(tqdm_type)
+  default = (f"Running for {total:,} iterations" if total is not None
+             else "Running")
+  desc = kwargs.pop("desc", default)
+  desc = kwargs.pop("message", desc)
+  position = kwargs.pop("position", 0)
+  for name in _DROPPED:
+    kwargs.pop(name, None)
+  return _Taps(Loop(total, ends_at_total, print_rate, tqdm_class, desc,
+                    position, per_device, kwargs))
+
+
+def _devices_per_run() -> int:
+  """How many devices run the code being traced, each its own part: those
+  of the `pmap` or `shard_map` axes, else 1."""
+  mesh = jax.sharding.get_abstract_mesh()
+  return math.prod(mesh.shape[axis] for axis in mesh.manual_axes)
+
+
+def _tap(tap: Tap, steps: Any, bar_id: Any) -> None:
+  api.id_tap(tap, steps if bar_id is None else (steps, bar_id),
+             tap_with_device=True)
+
+
+_tracing = threading.local()  # .loops: the loops whose bodies are traced
+
+
+@contextlib.contextmanager
+def _tracing_body(loop: Loop) -> Iterator[None]:
+  """While `loop`'s body is traced: loops traced in it are nested in it."""
+  loops = _tracing.__dict__.setdefault("loops", [])
+  loops.append(loop)
+  try:
+    yield
+  finally:
+    loops.pop()
+
+
+class _Taps:
+  """The taps a decorated body makes, from its `Loop`: at most one
+  `lax.cond` per step, which passes a scalar only (XLA's CPU loops slow
+  down with a second one). The taps are ordered with the program's other
+  taps and calls, and tied to none of its values."""
+
+  def __init__(self, loop: Loop):
+    self.loop = loop
+
+  def _tap_function(self, kind: str) -> Tap:
+    loops = _tracing.__dict__.get("loops", [])
+    return Tap(self.loop, kind, _devices_per_run(),
+               loops[-1] if loops else None, len(loops))
+
+  def step(self, i: Any, bar_id: Any) -> None:
+    """After step `i`, if the bar shows `i` or it is the first or last."""
+    tap = self._tap_function("step")
+    rate, total = self.loop.print_rate, self.loop.total
+    if rate == 1:
+      _tap(tap, i, bar_id)
+      return
+    shows = i % rate == 0
+    if self.loop.ends_at_total and (total - 1) % rate:
+      shows = shows | (i == total - 1)
+    jax.lax.cond(shows, lambda: _tap(tap, i, bar_id), lambda: None)
+
+  def end(self, steps: Any, bar_id: Any) -> None:
+    """After a loop of unknown length: `steps` done."""
+    _tap(self._tap_function("final"), steps, bar_id)
+
+
+def _unwrap(carry: Any) -> Tuple[Any, Any]:
+  """(bar id or None, the user's carry)."""
+  if isinstance(carry, PBar):
+    return carry.id, carry.carry
+  return None, carry
+
+
+def _wrap(bar_id: Any, carry: Any) -> Any:
+  return carry if bar_id is None else PBar(id=bar_id, carry=carry)
+
+
+def scan_tqdm(n: int, print_rate: Optional[int] = None,
+              tqdm_type: str = "auto", *, per_device: bool = True,
+              **kwargs: Any) -> Callable[[Callable], Callable]:
+  """A tqdm bar for a `lax.scan` of `n` steps, as jax-tqdm's `scan_tqdm`.
+
+  Decorates the body `f(carry, x)`, where `x` is the iteration number (scan
+  over `jnp.arange(n)`) or a tuple whose first element is. The carry may be
+  a `PBar`.
+
+  Args:
+    n: the number of steps.
+    print_rate: move the bar every `print_rate` steps (default n/20).
+    tqdm_type: "auto", "std" or "notebook": tqdm's module to take the bar
+      from.
+    per_device: under `pmap`/`shard_map`, one bar per device (each on its
+      row, named by its device), or one for all devices when False.
+    kwargs: for tqdm (`desc`, `position`, `leave`, `ncols`, ...; `message`
+      is jax-tqdm's `desc`).
+  """
+  taps = _make_taps(n, True, _checked_print_rate(n, print_rate), tqdm_type,
+                    per_device, kwargs)
+
+  def decorator(func: Callable) -> Callable:
+    @functools.wraps(func)
+    def wrapper(carry: Any, x: Any) -> Any:
+      i = x[0] if isinstance(x, tuple) else x
+      bar_id, carry = _unwrap(carry)
+      with _tracing_body(taps.loop):
+        carry, y = func(carry, x)
+      taps.step(i, bar_id)
+      return _wrap(bar_id, carry), y
+    return wrapper
+  return decorator
+
+
+def loop_tqdm(n: int, print_rate: Optional[int] = None,
+              tqdm_type: str = "auto", *, per_device: bool = True,
+              **kwargs: Any) -> Callable[[Callable], Callable]:
+  """A tqdm bar for a `lax.fori_loop` of `n` steps, as jax-tqdm's
+  `loop_tqdm`: decorates the body `f(i, val)`; `val` may be a `PBar`.
+  Arguments as `scan_tqdm`'s."""
+  taps = _make_taps(n, True, _checked_print_rate(n, print_rate), tqdm_type,
+                    per_device, kwargs)
+
+  def decorator(func: Callable) -> Callable:
+    @functools.wraps(func)
+    def wrapper(i: Any, val: Any) -> Any:
+      bar_id, val = _unwrap(val)
+      with _tracing_body(taps.loop):
+        val = func(i, val)
+      taps.step(i, bar_id)
+      return _wrap(bar_id, val)
+    return wrapper
+  return decorator
+
+
+def while_tqdm(total: Optional[int] = None, print_rate: int = 1,
+               tqdm_type: str = "auto", *, per_device: bool = True,
+               **kwargs: Any) -> Callable[[Callable, Callable, Any], Any]:
+  """A `lax.while_loop` with a tqdm bar that counts its iterations.
+
+      while_loop = while_tqdm(total=100)
+      final = while_loop(cond_fun, body_fun, init_val)
+
+  The bar shows `total` when given (a guess is fine: tqdm shows more than
+  100% when the loop runs longer), else the count alone, and closes when
+  the loop ends. `init_val` may be a `PBar`. Other arguments as
+  `scan_tqdm`'s; `print_rate` is 1 by default, as a tap costs a few
+  microseconds.
+  """
+  if print_rate < 1:
+    raise ValueError(f"Print rate should be > 0 got {print_rate}")
+  taps = _make_taps(total, False, print_rate, tqdm_type, per_device, kwargs)
+
+  def while_loop(cond_fun: Callable, body_fun: Callable, init_val: Any) -> Any:
+    bar_id, init_val = _unwrap(init_val)
+
+    def body(state: Tuple[Any, Any]) -> Tuple[Any, Any]:
+      count, val = state
+      with _tracing_body(taps.loop):
+        val = body_fun(val)
+      taps.step(count, bar_id)
+      return count + 1, val
+
+    count, val = jax.lax.while_loop(lambda state: cond_fun(state[1]), body,
+                                    (jnp.int32(0), init_val))
+    taps.end(count, bar_id)
+    return _wrap(bar_id, val)
+  return while_loop

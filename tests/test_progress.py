@@ -1,0 +1,439 @@
+"""host_callback.tqdm: jax-tqdm's interface, and the bars beyond it, as a
+recording tqdm class sees them (it replaces `tqdm.auto.tqdm`, where the
+module takes its bars from), in both modes."""
+
+from __future__ import annotations
+
+import io
+import re
+import threading
+from typing import Any, List, Tuple
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+import pytest
+import tqdm.auto
+import tqdm.notebook
+import tqdm.std
+
+import host_callback as hcb
+from host_callback.tqdm import PBar, loop_tqdm, scan_tqdm, while_tqdm
+from helpers import (barrier_report, cpu_devices, fails_when_synchronous,
+                     run_python, synchronous)
+
+pytestmark = pytest.mark.usefixtures("both_modes")
+
+DESC = "Running for {:,} iterations"
+
+
+class Log:
+  """The bars made, and every event of theirs (and of the test's own taps)
+  in order: (bar number, event) with events ("update", k), ("reset",
+  total), ("close",); the test's own are (None, what)."""
+
+  def __init__(self) -> None:
+    self.lock = threading.Lock()
+    self.bars: List[Any] = []
+    self.events: List[Tuple[Any, Any]] = []
+
+  def add(self, bar: Any, event: Any) -> None:
+    with self.lock:
+      number = None if bar is None else next(  # tqdm's == compares rows
+          i for i, made in enumerate(self.bars) if made is bar)
+      self.events.append((number, event))
+
+  def of(self, number: int) -> List[Any]:
+    """The events of bar `number`."""
+    return [event for bar, event in self.events if bar == number]
+
+  def made(self) -> List[Tuple[str, Any, int]]:
+    """(desc, total, position) of each bar made, in order."""
+    return [(bar.desc, bar.total, bar.position) for bar in self.bars]
+
+
+@pytest.fixture
+def log(monkeypatch):
+  record = Log()
+
+  class RecordingTqdm(tqdm.std.tqdm):
+    def __init__(self, *args, position=None, **kwargs):
+      kwargs.setdefault("file", io.StringIO())
+      with record.lock:
+        record.bars.append(self)
+      self.position = position
+      super().__init__(*args, position=position, **kwargs)
+
+    def update(self, n=1):
+      record.add(self, ("update", n))
+      return super().update(n)
+
+    def reset(self, total=None):
+      record.add(self, ("reset", total))
+      return super().reset(total)
+
+    def close(self):
+      if not self.disable:
+        record.add(self, ("close",))
+      return super().close()
+
+  monkeypatch.setattr(tqdm.auto, "tqdm", RecordingTqdm)
+  monkeypatch.setattr(tqdm.std, "tqdm", RecordingTqdm)
+  return record
+
+
+def updates(rate: int, n: int) -> List[Any]:
+  """jax-tqdm's events of a bar of `n` steps moved every `rate` steps."""
+  moves = [("update", rate)] * ((n - 1) // rate)
+  return moves + [("update", n - rate * len(moves)), ("close",)]
+
+
+def scan(step, n, carry=0):
+  return jax.jit(lambda c: jax.lax.scan(step, c, jnp.arange(n)))(carry)
+
+
+def test_scan_moves_the_bar_as_jax_tqdm_does(log):
+  @scan_tqdm(100, print_rate=10)
+  def step(carry, i):
+    return carry + i, 2 * i
+
+  total, ys = scan(step, 100)
+  hcb.barrier_wait()
+  assert int(total) == 4950 and ys.tolist() == list(range(0, 200, 2))
+  assert log.made() == [(DESC.format(100), 100, 0)]
+  assert log.of(0) == updates(10, 100)
+  assert log.bars[0].n == 100
+
+
+@pytest.mark.parametrize("n, rate", [(100, None), (7, 3), (20, 1), (1, None)])
+def test_print_rate_as_jax_tqdm(log, n, rate):
+  @scan_tqdm(n, print_rate=rate)
+  def step(carry, x):
+    i, data = x  # a tuple whose first element is the iteration number
+    return carry + data, None
+
+  total, _ = jax.jit(lambda: jax.lax.scan(
+      step, 0.0, (jnp.arange(n), jnp.ones(n))))()
+  hcb.barrier_wait()
+  assert float(total) == n
+  expected_rate = {None: max(n // 20, 1)}.get(rate, rate)
+  assert log.of(0) == updates(expected_rate, n)
+
+
+def test_fori_loop_with_tqdm_arguments(log):
+  @loop_tqdm(30, print_rate=7, tqdm_type="std", desc="fitting", position=2,
+             leave=False, total=5, miniters=3)
+  def body(i, val):
+    return val + i
+
+  assert int(jax.jit(lambda: jax.lax.fori_loop(0, 30, body, 0))()) == 435
+  hcb.barrier_wait()
+  assert log.made() == [("fitting", 30, 2)]
+  assert log.bars[0].leave is False
+  assert log.of(0) == updates(7, 30)
+
+
+def test_arguments_are_checked_as_jax_tqdm_does():
+  with pytest.raises(ValueError, match='tqdm_type should be one of "auto", '
+                     '"std", or "notebook" but got "rich"'):
+    scan_tqdm(10, tqdm_type="rich")
+  with pytest.raises(ValueError, match="Print rate should be > 0 got 0"):
+    loop_tqdm(10, print_rate=0)
+  with pytest.raises(ValueError, match="Print rate should be less than the "
+                     "number of steps 10, got 11"):
+    scan_tqdm(10, print_rate=11)
+
+
+def test_notebook_bar_without_ipywidgets_fails_when_decorating():
+  if tqdm.notebook.IProgress is not None:
+    pytest.skip("ipywidgets is installed: the notebook bar works")
+  with pytest.raises(ImportError, match=r'tqdm_type="notebook" needs '
+                     r"ipywidgets \(IProgress not found"):
+    scan_tqdm(10, tqdm_type="notebook")
+
+
+def test_bar_moves_while_the_loop_runs(log):
+  @scan_tqdm(6, print_rate=2)
+  def step(carry, i):
+    hcb.id_tap(lambda i, _: log.add(None, int(i)), i)
+    return carry, None
+
+  scan(step, 6)
+  hcb.barrier_wait()
+  # After step i the bar has moved to i (every 2 steps), as jax-tqdm's
+  # before step i; it closes after the last step.
+  assert log.events == [
+      (None, 0), (None, 1), (None, 2), (0, ("update", 2)), (None, 3),
+      (None, 4), (0, ("update", 2)), (None, 5), (0, ("update", 2)),
+      (0, ("close",))]
+
+
+def test_every_step_in_the_synchronous_mode_moves_the_bar(log):
+  seen = []
+
+  @scan_tqdm(50, print_rate=1)
+  def step(carry, i):
+    hcb.id_tap(lambda i, _: seen.append(log.bars[0].n if log.bars else None),
+               i)
+    return carry, None
+
+  scan(step, 50)
+  hcb.barrier_wait()
+  assert seen == [None, *range(49)]  # it opens after step 0
+  assert log.of(0) == updates(1, 50)
+
+
+def test_a_loop_run_twice_gets_a_fresh_bar_each_time(log):
+  @scan_tqdm(10, print_rate=5)
+  def step(carry, i):
+    return carry + 1, None
+
+  scan(step, 10)
+  scan(step, 10)
+  hcb.barrier_wait()
+  assert len(log.bars) == 2
+  assert log.of(0) == log.of(1) == updates(5, 10)
+  assert [bar for bar, event in log.events if event == ("close",)] == [0, 1]
+
+
+def test_a_failed_loop_closes_its_bar_and_a_rerun_opens_a_fresh_one(log):
+  fail = [True]
+
+  def fails_at_step_5(i, transforms):
+    if i == 5 and fail[0]:
+      raise ValueError("step 5 failed")
+
+  @scan_tqdm(10, print_rate=1)
+  def step(carry, i):
+    hcb.id_tap(fails_at_step_5, i)
+    return carry, None
+
+  with fails_when_synchronous("step 5 failed"):
+    jax.block_until_ready(scan(step, 10))
+  error = barrier_report()
+  assert error is None or "step 5 failed" in str(error)
+  # Synchronous: the computation stopped in step 5, and the bar shows the
+  # 4 before it. The outfeed mode does not wait for taps: the loop ran on.
+  if synchronous():
+    assert log.of(0) == [("update", 1)] * 4 + [("close",)]
+  else:
+    assert log.of(0) == updates(1, 10)
+  fail[0] = False
+  scan(step, 10)
+  hcb.barrier_wait()
+  assert len(log.bars) == 2 and log.of(1) == updates(1, 10)
+
+
+def test_a_failed_call_closes_the_bar_in_both_modes(log):
+  def host(i):
+    if i == 3:
+      raise ValueError("no host result at step 3")
+    return i
+
+  @scan_tqdm(8, print_rate=1)
+  def step(carry, i):
+    return carry + hcb.call(host, i, result_shape=i), None
+
+  with pytest.raises(jax.errors.JaxRuntimeError, match="no host result"):
+    jax.block_until_ready(scan(step, 8))
+  if synchronous():
+    hcb.barrier_wait()
+  else:  # the outfeed mode raises a call's error at the barrier too
+    with pytest.raises(hcb.CallbackException, match="no host result"):
+      hcb.barrier_wait()
+  assert log.of(0) == [("update", 1)] * 2 + [("close",)]  # after step 2
+
+
+def _device_descs(n: int, total: int) -> List[Tuple[str, int, int]]:
+  return [(f"cpu:{k}: {DESC.format(total)}", total, k) for k in range(n)]
+
+
+def test_pmap_draws_a_bar_per_device_on_its_own_row(log):
+  cpu_devices(4)
+
+  @scan_tqdm(12, print_rate=4)
+  def step(carry, i):
+    return carry + i, None
+
+  out = jax.pmap(lambda c: jax.lax.scan(step, c, jnp.arange(12))[0],
+                 devices=cpu_devices(4))(jnp.arange(4))
+  hcb.barrier_wait()
+  assert out.tolist() == [66, 67, 68, 69]
+  assert sorted(log.made(), key=lambda made: made[2]) == _device_descs(4, 12)
+  for number in range(4):
+    assert log.of(number) == updates(4, 12)
+
+
+def test_pmap_with_one_bar_for_all_devices(log):
+  @scan_tqdm(12, print_rate=4, per_device=False)
+  def step(carry, i):
+    return carry + i, None
+
+  jax.pmap(lambda c: jax.lax.scan(step, c, jnp.arange(12))[0],
+           devices=cpu_devices(4))(jnp.arange(4))
+  hcb.barrier_wait()
+  assert log.made() == [(DESC.format(12), 12, 0)]
+  # The bar shows the slowest device's steps, and closes after the last.
+  assert log.of(0)[-2:] == [("update", 4), ("close",)]
+  assert log.bars[0].n == 12
+
+
+def test_shard_map_per_device_and_sharded_jit_one_bar(log):
+  from jax.sharding import NamedSharding, PartitionSpec as P
+  mesh = jax.sharding.Mesh(np.array(cpu_devices(4)), ("x",))
+  x = jax.device_put(jnp.arange(8.0), NamedSharding(mesh, P("x")))
+
+  @scan_tqdm(6, print_rate=3)
+  def step(carry, i):
+    return carry + 1.0, None
+
+  def run(block):
+    return jax.lax.scan(step, block, jnp.arange(6))[0]
+
+  out = jax.jit(jax.shard_map(run, mesh=mesh, in_specs=P("x"),
+                              out_specs=P("x")))(x)
+  hcb.barrier_wait()
+  assert out.tolist() == [float(v) + 6 for v in range(8)]
+  assert sorted(log.made(), key=lambda made: made[2]) == _device_descs(4, 6)
+  assert [log.of(k) for k in range(4)] == [updates(3, 6)] * 4
+  jax.jit(run)(x)  # sharded jit: one program, one bar
+  hcb.barrier_wait()
+  assert log.made()[4:] == [(DESC.format(6), 6, 0)]
+  assert log.of(4) == updates(3, 6)
+
+
+def test_vmap_draws_one_bar_for_the_batch(log):
+  @scan_tqdm(10, print_rate=5)
+  def step(carry, i):
+    return carry + i, None
+
+  out = jax.jit(jax.vmap(lambda c: jax.lax.scan(step, c, jnp.arange(10))[0]))(
+      jnp.arange(3))
+  hcb.barrier_wait()
+  assert out.tolist() == [45, 46, 47]
+  assert log.made() == [(DESC.format(10), 10, 0)]
+  assert log.of(0) == updates(5, 10)
+
+
+def test_vmap_with_pbar_ids_as_jax_tqdm(log):
+  @scan_tqdm(10, print_rate=5)
+  def step(carry, i):
+    return carry + i, None
+
+  def run(bar_id):
+    return jax.lax.scan(step, PBar(id=bar_id, carry=0), jnp.arange(10))[0]
+
+  out = jax.jit(jax.vmap(run))(jnp.arange(3))
+  hcb.barrier_wait()
+  assert isinstance(out, PBar) and out.id.tolist() == [0, 1, 2]
+  assert out.carry.tolist() == [45, 45, 45]
+  assert log.made() == [(DESC.format(10), 10, k) for k in range(3)]
+  assert [log.of(k) for k in range(3)] == [updates(5, 10)] * 3
+
+
+def test_while_loop_counts_its_iterations(log):
+  with_total = while_tqdm(total=40, print_rate=8, desc="solve")
+  without_total = while_tqdm()
+  assert int(jax.jit(lambda: with_total(
+      lambda c: c < 37, lambda c: c + 1, 0))()) == 37
+  assert int(jax.jit(lambda: without_total(
+      lambda c: c < 5, lambda c: c + 1, 0))()) == 5
+  hcb.barrier_wait()
+  assert log.made() == [("solve", 40, 0), ("Running", None, 0)]
+  assert log.of(0) == [("update", 8)] * 4 + [("update", 5), ("close",)]
+  assert log.of(1) == [("update", 1)] * 5 + [("close",)]
+  assert log.bars[0].n == 37 and log.bars[1].n == 5
+
+
+def test_while_loop_under_vmap_shows_the_longest(log):
+  loop = while_tqdm(total=10)
+  out = jax.jit(jax.vmap(lambda limit: loop(
+      lambda c: c < limit, lambda c: c + 1, 0)))(jnp.array([3, 7, 5]))
+  hcb.barrier_wait()
+  assert out.tolist() == [3, 7, 5]
+  assert log.made() == [(DESC.format(10), 10, 0)]
+  assert log.of(0) == [("update", 1)] * 7 + [("close",)]
+
+
+def test_nested_loops_reuse_the_inner_bar(log):
+  @scan_tqdm(4, print_rate=2)
+  def inner(carry, j):
+    return carry + 1, None
+
+  @scan_tqdm(3, print_rate=1, desc="epochs")
+  def outer(carry, i):
+    return jax.lax.scan(inner, carry, jnp.arange(4))[0], None
+
+  assert int(scan(outer, 3)[0]) == 12
+  hcb.barrier_wait()
+  # The inner bar is one row below the outer, made once (before the outer,
+  # which opens after its step 0) and reset for each outer step; it closes
+  # with the outer bar.
+  assert log.made() == [(DESC.format(4), 4, 1), ("epochs", 3, 0)]
+  inner_run = [("update", 2), ("update", 2)]
+  assert [event for _, event in log.events] == (
+      inner_run + [("reset", 4)] + inner_run + [("update", 1), ("reset", 4)] +
+      inner_run + [("update", 1), ("update", 1), ("close",), ("close",)])
+  assert [bar for bar, _ in log.events[-2:]] == [1, 0]
+  assert log.of(1) == updates(1, 3)
+
+
+JAX_TQDM_PROGRAM = """
+import jax, jax.numpy as jnp
+{import_line}
+
+n = 1000
+
+@scan_tqdm(n)
+def step(carry, x):
+  return carry + 1, carry + 1
+
+@loop_tqdm(n, print_rate=100, desc="fori")
+def body(i, val):
+  return val + 1
+
+last_number, all_numbers = jax.lax.scan(step, 0, jnp.arange(n))
+total = jax.lax.fori_loop(0, n, body, 0)
+print(int(last_number), int(all_numbers.sum()), int(total))
+"""
+
+
+def test_a_jax_tqdm_program_with_only_the_import_changed(both_modes):
+  env = {"JAX_HOST_CALLBACK_OUTFEED": "1" if both_modes == "outfeed" else "0"}
+  done = run_python(JAX_TQDM_PROGRAM.format(
+      import_line="from host_callback.tqdm import loop_tqdm, scan_tqdm"),
+      env=env)
+  assert done.returncode == 0, done.stderr
+  assert done.stdout == "1000 500500 1000\n"
+  lines = done.stderr.replace("\r", "\n").splitlines()
+  finals = [line for line in lines if "100%" in line]
+  assert [line.split(":")[0] for line in finals] == [
+      "Running for 1,000 iterations", "fori"], done.stderr
+  assert all(" 1000/1000 " in line for line in finals), finals
+
+
+def test_the_demo_shows_a_bar_for_its_training_loop(both_modes):
+  env = {"JAX_HOST_CALLBACK_OUTFEED": "1" if both_modes == "outfeed" else "0"}
+  done = run_python("import runpy; runpy.run_module('host_callback', "
+                    "run_name='__main__')", env=env)
+  assert done.returncode == 0, done.stderr
+  assert done.stdout.splitlines()[-2] == (
+      "received 200 losses from the device: first 3.3452, last 0.000000")
+  final = done.stderr.replace("\r", "\n").strip().splitlines()[-1]
+  assert re.match(r"training: 100%.* 200/200 ", final), done.stderr
+
+
+def test_jax_tqdm_prints_the_same_program_alike(both_modes):
+  """Where jax-tqdm is installed: the same results and final bars."""
+  pytest.importorskip("jax_tqdm")
+  env = {"JAX_HOST_CALLBACK_OUTFEED": "1" if both_modes == "outfeed" else "0"}
+  outputs = []
+  for import_line in ("from jax_tqdm import loop_tqdm, scan_tqdm",
+                      "from host_callback.tqdm import loop_tqdm, scan_tqdm"):
+    done = run_python(JAX_TQDM_PROGRAM.format(import_line=import_line),
+                      env=env)
+    assert done.returncode == 0, done.stderr
+    finals = [re.sub(r"\[.*", "", line) for line in
+              done.stderr.replace("\r", "\n").splitlines() if "100%" in line]
+    outputs.append((done.stdout, finals))
+  assert outputs[0] == outputs[1]
