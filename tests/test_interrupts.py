@@ -72,14 +72,9 @@ def test_ctrl_c_stops_a_synchronous_scan_of_slow_taps(transport):
   assert all(int(line.split()[2]) < 150 for line in lines), done.stdout
 
 
-@pytest.mark.parametrize("mode", ["synchronous", "outfeed"])
-def test_ctrl_c_stops_a_slow_call(transport, mode):
-  """Ctrl-C while the main thread runs a slow `call`'s host function (a
-  request on an idle queue runs there in both modes) gives the caller
-  KeyboardInterrupt at once, on both transports: the Python transport hands
-  it on past JAX's callback, which would turn it into its own error. Twice,
-  on a warm function; then no stray interrupt comes, and calls work."""
-  done = run_python(CTRL_C_OUTCOME + """
+# For run_python code: a jitted `call` f(x) whose host function sleeps x
+# seconds, compiled and run once.
+_SLOW_CALL = """
 import time, jax, jax.numpy as jnp, host_callback as hcb
 
 def slow(x):
@@ -88,6 +83,17 @@ def slow(x):
 
 f = jax.jit(lambda x: hcb.call(slow, x, result_shape=x))
 f(jnp.float32(0)).block_until_ready()
+"""
+
+
+@pytest.mark.parametrize("mode", ["synchronous", "outfeed"])
+def test_ctrl_c_stops_a_slow_call(transport, mode):
+  """Ctrl-C while the main thread runs a slow `call`'s host function (a
+  request on an idle queue runs there in both modes) gives the caller
+  KeyboardInterrupt at once, on both transports: the Python transport hands
+  it on past JAX's callback, which would turn it into its own error. Twice,
+  on a warm function; then no stray interrupt comes, and calls work."""
+  done = run_python(CTRL_C_OUTCOME + _SLOW_CALL + """
 for attempt in range(2):
   start = time.monotonic()
   ended = outcome(lambda: f(jnp.float32(60)), after=0.3)
@@ -113,15 +119,7 @@ def test_a_delivered_ctrl_c_is_not_raised_again_by_the_barrier(transport,
                                                                mode):
   """Issue 33 item 2: Ctrl-C stopped a slow `call` and reached the waiting
   main thread; a later, unrelated barrier raises nothing."""
-  done = run_python(CTRL_C_OUTCOME + """
-import time, jax, jax.numpy as jnp, host_callback as hcb
-
-def slow(x):
-  time.sleep(float(x))
-  return x + 1
-
-f = jax.jit(lambda x: hcb.call(slow, x, result_shape=x))
-f(jnp.float32(0)).block_until_ready()
+  done = run_python(CTRL_C_OUTCOME + _SLOW_CALL + """
 print(outcome(lambda: f(jnp.float32(60)).block_until_ready(), after=0.3))
 try:
   time.sleep(0.5)  # a re-armed interrupt lands here at the latest
