@@ -1,25 +1,21 @@
-"""`barrier_wait` and `stop_outfeed_receiver`: a marker through each device.
+"""`barrier_wait` and `stop_outfeed_receiver`: probes, or a marker through
+each device.
 
-An idle barrier reads counters: when every computation dispatched so far
-has finished (`probes`), none of ours is in flight (`executions`) and every
-queue is drained, there is nothing to wait for. Its cost does not depend on
-the arrays the program holds.
+On CPU the barrier first waits for a probe per device (see `probes`): when
+they are ready, every computation dispatched so far to those devices has
+finished, whatever their inputs waited for. Then, unless one of ours still
+runs (another thread's; they count their executions, see `executions`),
+what is left is the packets they sent, and the barrier waits until the
+consumers have run them. It visits none of the program's arrays.
 
-Otherwise, as the original did, the barrier runs one tiny tap computation
-on every local device whose queue is open, on each transport. A device's
-consumer thread runs host functions in the order the device sent them: when
-a marker's tap has run, every callback sent before the marker has run too.
-
-A device runs its single-device computations in dispatch order, on JAX's
-CPU client too (a computation whose inputs are not ready waits, and so does
-every one dispatched after it on that device; see `probes`), so a marker
-follows them. Computations over several devices are ordered among
-themselves only: the barrier also waits for them, with a probe over two
-local devices. One dispatched by another thread runs beside the markers, so
-before each round of markers the barrier waits for a moment when none of
-our computations is running (they count their executions, see
-`executions`), and it repeats the markers while computations begin or
-packets arrive that they did not account for.
+Otherwise (another thread's computation runs, or a device is not a CPU), as
+the original did, the barrier runs one tiny tap computation on every local
+device whose queue is open, on each transport. A device's consumer thread
+runs host functions in the order the device sent them: when a marker's tap
+has run, every callback sent before the marker has run too. Before each
+round of markers the barrier waits for a moment when none of our
+computations is running, and it repeats the markers while computations
+begin or packets arrive that they did not account for.
 """
 
 from __future__ import annotations
@@ -150,7 +146,7 @@ class _InFlight:
       if state != last or waiting:
         last, last_change = state, now
       elif now - last_change >= _STALLED_SECONDS:
-        if not probes.single_device_work_finished(_open_devices()):
+        if not probes.finished(_open_devices()):
           last_change = now  # a long computation, still running
         else:
           self._give_up(in_flight, now - last_change)
@@ -240,29 +236,23 @@ def _open_devices() -> Set[int]:
           for device_id in transport.device_ids()}
 
 
-def _idle() -> bool:
-  """Whether there is nothing to wait for: every single-device computation
-  dispatched so far has finished, none of ours is running (another
-  thread's), and every packet they sent was consumed. In this order: a
-  computation that finishes between two checks has sent its packets."""
-  return (probes.single_device_work_finished(_open_devices()) and
-          _in_flight.none() and runtime.queues_drained())
-
-
 def _wait_for_devices() -> None:
   """Waits until every callback of the computations dispatched so far ran.
 
-  One quiet marker round suffices when nothing else happens; after packets
-  arrived or computations began that the markers did not account for, quiet
-  rounds for _SETTLE_SECONDS are needed, since stragglers may still follow.
+  On CPU the probes say when every computation dispatched so far has
+  finished; then, unless one of ours still runs (another thread's), what is
+  left is the packets they sent. Elsewhere, or then, marker rounds: one
+  quiet round suffices when nothing else happens; after packets arrived or
+  computations began that the markers did not account for, quiet rounds
+  for _SETTLE_SECONDS are needed, since stragglers may still follow.
   """
-  multi_device_probe = probes.multi_device_probe()
-  idle = _idle()
-  probes.wait_for(multi_device_probe)
-  # Computations over several devices that waited until now have finished:
-  # in-flight and queue counts see them.
-  if idle and _in_flight.none() and runtime.queues_drained():
-    return
+  dispatched = probes.dispatch(_open_devices())
+  if dispatched is not None:
+    probes.wait_for(dispatched)
+    if _in_flight.none():
+      if not runtime.queues_drained():
+        runtime.wait_released()
+      return
   busy, quiet_since = False, None
   for _ in range(_MAX_ROUNDS):
     started = time.monotonic()

@@ -24,7 +24,7 @@ from __future__ import annotations
 
 import functools
 import threading
-from typing import Any, Iterable, Optional
+from typing import Any, Iterable, List, Optional, Sequence
 
 import jax
 import numpy as np
@@ -67,34 +67,38 @@ def _zeros_across_two_cpus() -> Optional[jax.Array]:
   return jax.device_put(np.zeros(len(devices), np.int32), sharding)
 
 
-def single_device_work_finished(device_numbers: Iterable[int]) -> bool:
-  """Whether every single-device computation dispatched so far, by any
-  thread, to these local devices has finished; False also where it cannot
-  tell (a device that is not a CPU)."""
+def dispatch(device_numbers: Iterable[int]) -> Optional[List[jax.Array]]:
+  """Dispatches a probe on each of these local devices, and one over two
+  devices once a computation of ours over several devices was lowered:
+  when they are all ready, every computation dispatched so far, by any
+  thread, to these devices has finished. None where that cannot be told
+  (a device that is not a CPU)."""
   probe = _probe()
+  dispatched = []
   for number in device_numbers:
     zero = _zero_on(number)
-    if zero is None or not probe(zero).is_ready():
-      return False
-  return True
+    if zero is None:
+      return None
+    dispatched.append(probe(zero))
+  if _multi_device_lowered.is_set():
+    zeros = _zeros_across_two_cpus()
+    if zeros is not None:
+      dispatched.append(probe(zeros))
+  return dispatched
 
 
-def multi_device_probe() -> Optional[jax.Array]:
-  """Dispatches a probe over several local devices, once a computation of
-  ours over several devices was lowered: when its output is ready, every
-  computation over several devices dispatched before it has finished.
-  None when there is nothing to probe."""
-  if not _multi_device_lowered.is_set():
-    return None
-  zeros = _zeros_across_two_cpus()
-  return None if zeros is None else _probe()(zeros)
+def finished(device_numbers: Iterable[int]) -> bool:
+  """Whether every computation dispatched so far to these local devices
+  has finished (False where that cannot be told)."""
+  dispatched = dispatch(device_numbers)
+  return dispatched is not None and all([p.is_ready() for p in dispatched])
 
 
-def wait_for(probe: Optional[jax.Array]) -> None:
-  """Waits until `probe`, if any, is ready."""
-  if probe is None:
-    return
-  try:
-    probe.block_until_ready()
-  except Exception:  # pylint: disable=broad-except
-    pass  # an earlier computation failed: it has finished, as the probe has
+def wait_for(dispatched: Sequence[jax.Array]) -> None:
+  """Waits until every probe is ready: single-device ones that ran inline
+  are at once; others when the computations before them have finished."""
+  for probe in dispatched:
+    try:
+      probe.block_until_ready()
+    except Exception:  # pylint: disable=broad-except
+      pass  # an earlier computation failed: it has finished, as the probe has

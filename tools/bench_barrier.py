@@ -91,28 +91,27 @@ def idle_rows(transports: List[str], array_counts: Tuple[int, ...],
 
 def _training_step() -> Tuple[Callable, jax.Array]:
   """A jitted step of about 1 ms on a 2-core CPU, with one tap."""
-  weights = jnp.full((384, 384), 1e-3, jnp.float32)
+  weights = jnp.full((256, 256), 1e-3, jnp.float32)
 
   @jax.jit
   def step(x):
     for _ in range(4):
       x = jnp.tanh(x @ weights)
     return hcb.id_tap(_noop, jnp.sum(x)), x
-  return step, jnp.ones((384, 384), jnp.float32)
+  return step, jnp.ones((256, 256), jnp.float32)
 
 
 def _loop_time(step: Callable, x: jax.Array, steps: int, repeat: int,
-               barrier: bool) -> float:
-  """Median ms per step of `steps` calls of `step`, with a barrier_wait
-  after each one if `barrier`."""
+               wait: Callable[[jax.Array], None]) -> float:
+  """Median ms per step of `steps` calls of `step`, with `wait(output)`
+  after each one."""
   times = []
   for _ in range(repeat):
     start = time.perf_counter()
     y = x
     for _ in range(steps):
       _, y = step(y)
-      if barrier:
-        hcb.barrier_wait()
+      wait(y)
     jax.block_until_ready(y)
     hcb.barrier_wait()
     times.append(1e3 * (time.perf_counter() - start) / steps)
@@ -122,7 +121,10 @@ def _loop_time(step: Callable, x: jax.Array, steps: int, repeat: int,
 def training_loop_rows(transports: List[str], steps: int, arrays: int,
                        repeat: int, wanted: Callable[[str], bool]) -> List[Row]:
   """ms per step of a loop of a 1 ms step with a tap, with a barrier_wait
-  every step, against the same loop without it; `arrays` live arrays."""
+  every step, against the same loop without it and with
+  `block_until_ready` of the step's output instead (which any wait for the
+  step's tap costs at least: no step overlaps the next one's dispatch);
+  `arrays` live arrays."""
   rows: List[Row] = []
   held = [jnp.full((2,), i, jnp.float32) for i in range(arrays)]
   step, x = _training_step()
@@ -134,13 +136,15 @@ def training_loop_rows(transports: List[str], steps: int, arrays: int,
                   f"{mode})")
       if not wanted(scenario):
         continue
-      def loop(barrier: bool, steps: int = steps, repeat: int = repeat
-               ) -> float:
+      def loop(wait: Callable[[jax.Array], None], steps: int = steps,
+               repeat: int = repeat) -> float:
         return _in_mode(t, synchronous,
-                        lambda: _loop_time(step, x, steps, repeat, barrier))
-      loop(False, steps=20, repeat=1)  # compile and warm up
-      without = loop(False)
-      rows.append((scenario, "ms",
-                   {f"hcb[{t}]": loop(True), "no barrier": without}))
+                        lambda: _loop_time(step, x, steps, repeat, wait))
+      loop(_noop, steps=20, repeat=1)  # compile and warm up
+      without = loop(_noop)
+      ready = loop(jax.block_until_ready)
+      rows.append((scenario, "ms", {
+          f"hcb[{t}]": loop(lambda y: hcb.barrier_wait()),
+          "no barrier": without, "block_until_ready": ready}))
   del held
   return rows
