@@ -78,6 +78,17 @@ def test_cuda_handlers_are_built_without_cuda():
       native_library.OUTFEED_TARGET, native_library.CALL_TARGET}
 
 
+def test_cuda_runtime_not_found_is_a_clear_error():
+  """Without a CUDA runtime, finding it fails saying what is missing and
+  what to do (with one, it is found: nothing to check here)."""
+  if not native_library.available():
+    pytest.skip("the native transport is not built")
+  try:
+    native_library.load_cuda_runtime()
+  except RuntimeError as error:
+    assert "libcudart" in str(error) and "jax[cuda12]" in str(error)
+
+
 @pytest.mark.parametrize("chosen, validated, expected", [
     ("auto", False, "python"), ("auto", True, "native"),
     ("native", False, "native"), ("python", True, "python")])

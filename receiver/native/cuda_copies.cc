@@ -111,18 +111,23 @@ void Finish(InFlight& entry, bool ok) {
 
 // The landing thread of one GPU: waits for the events in stream order.
 void Land(Landing* landing) {
-  const CudaApi& api = *GetCudaApi();
   std::unique_lock<std::mutex> lock(landing->mu);
   while (true) {
     landing->work.wait(lock, [&] { return !landing->pending.empty(); });
+    // Set: an entry exists only once a CUDA call made it (Issue).
+    const CudaApi& api = *GetCudaApi();
     const cuda::Event event = landing->pending.front().event;
     lock.unlock();
     cuda::Error error = cuda::kNotReady;
+    const char* call = "cudaEventQuery";
     Spin(kEventSpin, [&] {
       error = api.cudaEventQuery(event);
       return error != cuda::kNotReady;
     });
-    if (error == cuda::kNotReady) error = api.cudaEventSynchronize(event);
+    if (error == cuda::kNotReady) {
+      call = "cudaEventSynchronize";
+      error = api.cudaEventSynchronize(event);
+    }
     lock.lock();
     InFlight entry = landing->pending.front();
     landing->pending.pop_front();
@@ -131,7 +136,7 @@ void Land(Landing* landing) {
       landing->events.push_back(event);  // reserved when it was made
     } else if (landing->failure.empty()) {
       landing->failure = CudaFailure(
-          api, "cudaEventSynchronize", error,
+          api, call, error,
           "while the host waited for a GPU callback's copy; this GPU's "
           "callbacks stop");
     }

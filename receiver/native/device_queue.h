@@ -73,8 +73,8 @@ class DeviceQueue {
   // Device side, for a packet whose bytes land later (a GPU's copy into a
   // pinned block, cuda_copies.h): waits for room as Push does, then counts
   // `size` bytes and one packet as sent (in the bound, for barriers) before
-  // they exist. Exactly one of AppendReserved and CancelReserved follows,
-  // in the order of the reservations.
+  // they exist. Exactly one of AppendReserved (in the order of the
+  // reservations: the packets' order) and CancelReserved follows.
   Status Reserve(int64_t size);
   // The reserved packet landed in `chunk` (a block, `used` its size): queued
   // for the consumer. False (the chunk left with the caller, the packet

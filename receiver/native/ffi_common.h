@@ -13,6 +13,7 @@
 
 #include <cstddef>
 #include <cstdint>
+#include <utility>
 #include <vector>
 
 #include "executions.h"
@@ -156,18 +157,20 @@ inline ffi::Error EndOnFailure(ffi::Error error) {
 
 // The body of every handler of a site: reads the arguments' spans, checks
 // them against `site`, then returns `deliver(arrays)` (an ffi::Error). A
-// C++ exception fails the computation instead, and a failure ends the
+// C++ exception fails the computation instead, and where executions are
+// counted (`counted`: on CPU, see executions.h) a failure ends the
 // execution.
 template <typename Deliver>
 ffi::Error HandleSiteArgs(const ffi::RemainingArgs& args, int64_t site,
-                          Deliver deliver) noexcept {
-  return EndOnFailure(Guard([&] {
+                          Deliver deliver, bool counted = true) noexcept {
+  ffi::Error outcome = Guard([&] {
     Spans arrays(args.size());
     if (ffi::Error error = SiteArgs(args, site, &arrays); error.failure()) {
       return error;
     }
     return deliver(arrays);
-  }));
+  });
+  return counted ? EndOnFailure(std::move(outcome)) : outcome;
 }
 
 }  // namespace hcb

@@ -11,7 +11,8 @@
 //
 // The handlers run on the thread that enqueues the computation's work on
 // its stream; `device_id` is XLA's device ordinal (the local GPU). The
-// bindings, spans, site checks and errors are ffi_common.h's.
+// bindings, spans, site checks and errors are ffi_common.h's; a GPU does
+// not count executions (executions.h), so a failure ends none.
 
 #include "ffi_cuda.h"
 
@@ -35,7 +36,7 @@ ffi::Error Outfeed(void* stream, int32_t device_id, ffi::Token,
   return HandleSiteArgs(args, site, [&](Spans& arrays) {
     return ToError(Hub::Get().CudaSend(device_id, stream, site, arrays.data(),
                                        arrays.size()));
-  });
+  }, /*counted=*/false);
 }
 
 // A call: the arguments copied in, the host function's answer copied out.
@@ -50,7 +51,7 @@ ffi::Error Call(void* stream, int32_t device_id, ffi::Token,
     return ToError(Hub::Get().CudaCall(device_id, stream, site, arrays.data(),
                                        arrays.size(), outputs.data(),
                                        outputs.size()));
-  });
+  }, /*counted=*/false);
 }
 
 }  // namespace
