@@ -13,7 +13,7 @@ import logging
 import math
 import os
 import warnings
-from typing import Iterator, List
+from typing import Iterator, List, Optional
 
 from . import _jax_adapter as adapter
 
@@ -118,12 +118,19 @@ def _log_choice(name: str, reason: str, platform: str = "CPU") -> None:
       reason)
 
 
+def _native_not_built() -> RuntimeError:
+  return RuntimeError(
+      "jax_host_callback_transport='native' was requested but the native "
+      "transport is not built (no C++ compiler at install time?); use "
+      "'python' or 'auto'")
+
+
 def transport_for_platform(platform: str, native_available: bool,
-                           cuda_validated: bool = CUDA_NATIVE_VALIDATED
-                           ) -> str:
+                           cuda_validated: Optional[bool] = None) -> str:
   """The transport of a computation for `platform` ('cpu', 'cuda', ...):
   'native' or 'python'. On CPU as `transport_name`; on CUDA 'native' when
-  chosen, and for 'auto' only once `cuda_validated`; elsewhere 'python'."""
+  chosen, and for 'auto' only once validated (`cuda_validated`, by default
+  CUDA_NATIVE_VALIDATED); elsewhere 'python'."""
   if platform == "cpu":
     return transport_name(native_available)
   chosen = transport.value
@@ -131,11 +138,10 @@ def transport_for_platform(platform: str, native_available: bool,
     return "python"
   if chosen == "native":
     if not native_available:
-      raise RuntimeError(
-          "jax_host_callback_transport='native' was requested but the "
-          "native transport is not built (no C++ compiler at install "
-          "time?); use 'python' or 'auto'")
+      raise _native_not_built()
     return "native"
+  if cuda_validated is None:
+    cuda_validated = CUDA_NATIVE_VALIDATED
   if cuda_validated and native_available:
     return "native"
   _log_choice("python", "jax_host_callback_transport is 'auto' and the "
@@ -157,9 +163,6 @@ def transport_name(native_available: bool) -> str:
                 "native transport is built")
     return "native"
   if chosen == "native" and not native_available:
-    raise RuntimeError(
-        "jax_host_callback_transport='native' was requested but the native "
-        "transport is not built (no C++ compiler at install time?); use "
-        "'python' or 'auto'")
+    raise _native_not_built()
   _log_choice(chosen, f"jax_host_callback_transport is {chosen!r}")
   return chosen
