@@ -75,7 +75,8 @@ class OptionalBuildExt(build_ext):
 SOURCES = (
     "block_pool.cc", "device_queue.cc", "calls.cc", "direct_runs.cc",
     "interrupts.cc", "receiver_link.cc", "site_sizes.cc", "hub.cc",
-    "ffi_common.cc", "ffi_cpu.cc",
+    "ffi_common.cc", "ffi_cpu.cc", "cuda_api.cc", "cuda_copies.cc",
+    "ffi_cuda.cc",
     "module.cc", "python_hooks.cc", "python_runner.cc", "python_sites.cc",
     "py_memory.cc",
 )
@@ -83,11 +84,14 @@ HEADERS = (
     "status.h", "packet.h", "waits.h", "block_pool.h", "device_queue.h",
     "calls.h", "direct_runs.h", "interrupts.h", "receiver_link.h",
     "site_sizes.h", "hub.h", "executions.h", "ffi_common.h", "ffi_cpu.h",
+    "cuda_api.h", "cuda_copies.h", "ffi_cuda.h",
     "python_hooks.h", "python_runner.h", "python_sites.h", "py_memory.h",
 )
 
 native = Extension(
     "host_callback.receiver._native",
+    # dlopen, for the CUDA runtime found at run time (cuda_api.cc).
+    libraries=["dl"],
     sources=[os.path.join(NATIVE_DIR, name) for name in SOURCES],
     depends=[os.path.join(NATIVE_DIR, name) for name in HEADERS],
     language="c++",

@@ -41,9 +41,11 @@ def is_synchronous(ctx: Any) -> bool:
 
 
 def transport_for(ctx: Any) -> str:
-  """The transport of this lowering: native only on CPU, when chosen."""
-  if (tuple(ctx.module_context.platforms) == ("cpu",) and
-      settings.transport_name(runtime.native_available()) == "native"):
+  """The transport of this lowering, for its one platform (CPU, or CUDA
+  when chosen, see `settings.transport_for_platform`); Python otherwise."""
+  platforms = tuple(ctx.module_context.platforms)
+  if (len(platforms) == 1 and settings.transport_for_platform(
+      platforms[0], runtime.native_available()) == "native"):
     return "native"
   return "python"
 

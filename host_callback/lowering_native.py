@@ -5,7 +5,9 @@ tap `host_callback_tap_sync(token, *args) -> token`, a `call`
 `host_callback_call(token, *args) -> (token, *results)`; the token is
 our ordering token, so XLA keeps them in program order on each device. The
 handlers read the executing device from the FFI device ordinal, which on CPU
-is the `jax.Device.id` of the device.
+is the `jax.Device.id` of the device, and on CUDA the local GPU (its queue is
+`devices.device_number`'s, for one process per host). On CUDA the handlers
+are `native/ffi_cuda.cc`'s (copies into pinned memory on the stream).
 """
 
 from __future__ import annotations
@@ -22,10 +24,17 @@ from .receiver import native_library
 
 
 @functools.lru_cache(maxsize=None)
-def register_targets() -> None:
-  """Registers the FFI handlers with XLA for CPU, once per process."""
-  for name, handler in native_library.ffi_handlers().items():
-    jax.ffi.register_ffi_target(name, handler, platform="cpu")
+def register_targets(platform: str = "cpu") -> None:
+  """Registers the FFI handlers with XLA for `platform` ('cpu', or 'cuda'
+  once the CUDA runtime's functions are found), once per process."""
+  if platform == "cuda":
+    native_library.load_cuda_runtime()
+    handlers = native_library.cuda_ffi_handlers()
+  else:
+    handlers = native_library.ffi_handlers()
+  for name, handler in handlers.items():
+    jax.ffi.register_ffi_target(name, handler, platform=platform.upper()
+                                if platform == "cuda" else platform)
 
 
 _TARGETS = {Kind.TAP: native_library.OUTFEED_TARGET,
@@ -38,7 +47,8 @@ def emit(ctx: Any, place: adapter.ExecutionPlace, kind: Kind,
          result_avals: Sequence[Any], site: int) -> List[Any]:
   """The custom call that sends `operands`, on a fixed device or on each
   device of a shard_map; returns a call's results."""
-  register_targets()
+  platform, = ctx.module_context.platforms
+  register_targets(platform)
   # As for JAX's own callbacks (and so the Python transport): a computation
   # that taps has run when its dispatch returns, so that barrier_wait's
   # markers come after it on the device.

@@ -13,7 +13,7 @@ import logging
 import math
 import os
 import warnings
-from typing import Iterator, List
+from typing import Iterator, List, Optional
 
 from . import _jax_adapter as adapter
 
@@ -63,9 +63,15 @@ with _legacy_queue_env() as _queue_env_errors:
 
 transport = adapter.enum_setting(
     "jax_host_callback_transport", TRANSPORTS, "auto",
-    "How packets leave the device: 'native' (C++ XLA FFI handlers, CPU), "
-    "'python' (JAX's Python callbacks), or 'auto' (native when built and on "
-    "CPU).")
+    "How packets leave the device: 'native' (C++ XLA FFI handlers, CPU and "
+    "CUDA), 'python' (JAX's Python callbacks), or 'auto' (native when built, "
+    "on CPU; on CUDA once validated there, see CUDA_NATIVE_VALIDATED).")
+
+# Whether the native transport's CUDA part (receiver/native/ffi_cuda.cc) has
+# passed `python -m tools.gpu_check` on a real GPU. Until it has, `auto`
+# keeps JAX's callbacks (the Python transport) on CUDA, and 'native' selects
+# it explicitly.
+CUDA_NATIVE_VALIDATED = False
 
 outfeed = adapter.bool_setting(
     "jax_host_callback_outfeed", False,
@@ -106,9 +112,42 @@ def _warn_native_missing() -> None:
 
 
 @functools.lru_cache(maxsize=None)
-def _log_choice(name: str, reason: str) -> None:
+def _log_choice(name: str, reason: str, platform: str = "CPU") -> None:
   logging.getLogger("host_callback").debug(
-      "host_callback: the %s transport is used on CPU: %s", name, reason)
+      "host_callback: the %s transport is used on %s: %s", name, platform,
+      reason)
+
+
+def _native_not_built() -> RuntimeError:
+  return RuntimeError(
+      "jax_host_callback_transport='native' was requested but the native "
+      "transport is not built (no C++ compiler at install time?); use "
+      "'python' or 'auto'")
+
+
+def transport_for_platform(platform: str, native_available: bool,
+                           cuda_validated: Optional[bool] = None) -> str:
+  """The transport of a computation for `platform` ('cpu', 'cuda', ...):
+  'native' or 'python'. On CPU as `transport_name`; on CUDA 'native' when
+  chosen, and for 'auto' only once validated (`cuda_validated`, by default
+  CUDA_NATIVE_VALIDATED); elsewhere 'python'."""
+  if platform == "cpu":
+    return transport_name(native_available)
+  chosen = transport.value
+  if platform != "cuda" or chosen == "python":
+    return "python"
+  if chosen == "native":
+    if not native_available:
+      raise _native_not_built()
+    return "native"
+  if cuda_validated is None:
+    cuda_validated = CUDA_NATIVE_VALIDATED
+  if cuda_validated and native_available:
+    return "native"
+  _log_choice("python", "jax_host_callback_transport is 'auto' and the "
+              "native transport's CUDA part is not validated on a GPU yet "
+              "(JAX_HOST_CALLBACK_TRANSPORT=native selects it)", "CUDA")
+  return "python"
 
 
 def transport_name(native_available: bool) -> str:
@@ -124,9 +163,6 @@ def transport_name(native_available: bool) -> str:
                 "native transport is built")
     return "native"
   if chosen == "native" and not native_available:
-    raise RuntimeError(
-        "jax_host_callback_transport='native' was requested but the native "
-        "transport is not built (no C++ compiler at install time?); use "
-        "'python' or 'auto'")
+    raise _native_not_built()
   _log_choice(chosen, f"jax_host_callback_transport is {chosen!r}")
   return chosen

@@ -12,10 +12,11 @@ side fails, and release the GIL while they wait or copy much.
 
 from __future__ import annotations
 
+import os
 from types import ModuleType
 from typing import Any, Dict, Optional, Tuple
 
-ABI_VERSION = 8
+ABI_VERSION = 9
 # Names of the FFI targets, as registered with XLA by the JAX side.
 OUTFEED_TARGET = "host_callback_outfeed"
 CALL_TARGET = "host_callback_call"
@@ -50,6 +51,54 @@ def ffi_handlers() -> Dict[str, Any]:
   `jax.ffi.register_ffi_target`."""
   assert native is not None, "the native transport is not built"
   return native.ffi_handlers()
+
+
+def cuda_ffi_handlers() -> Dict[str, Any]:
+  """The CUDA platform's FFI handlers (the tap and the call) by target name
+  (`native/ffi_cuda.cc`), built without CUDA: register them only where JAX
+  has a CUDA backend, after `load_cuda_runtime`."""
+  assert native is not None, "the native transport is not built"
+  return native.cuda_ffi_handlers()
+
+
+def load_cuda_runtime() -> None:
+  """Finds the CUDA runtime functions the CUDA handlers use
+  (`native/cuda_api.h`): the libcudart that JAX's CUDA plugin loaded, else
+  the `nvidia-cuda-runtime` wheel's, else libcudart by name. Raises
+  RuntimeError naming what is missing."""
+  assert native is not None, "the native transport is not built"
+  native.cuda_load(_wheel_cudart())
+
+
+def _wheel_cudart() -> Optional[str]:
+  """libcudart of the `nvidia-cuda-runtime-cu*` wheel, if installed."""
+  import glob  # pylint: disable=import-outside-toplevel
+  import importlib.util  # pylint: disable=import-outside-toplevel
+  try:
+    spec = importlib.util.find_spec("nvidia.cuda_runtime")
+  except ModuleNotFoundError:
+    return None
+  for location in (spec.submodule_search_locations or []) if spec else []:
+    found = sorted(glob.glob(os.path.join(location, "lib", "libcudart.so*")))
+    if found:
+      return found[-1]
+  return None
+
+
+def cuda_stats(ordinal: int) -> Dict[str, Any]:
+  """The CUDA transport on GPU `ordinal` (`native/cuda_copies.h`): copies
+  issued and landed, entries in flight, events made, and the failure that
+  stopped it ('' if none)."""
+  assert native is not None, "the native transport is not built"
+  return dict(zip(("issued", "landed", "in_flight", "events", "failure"),
+                  native.cuda_stats(ordinal)))
+
+
+# Tests only: `native._testing_cuda_standin(path)` installs the CUDA
+# stand-in of tests/cuda_standin/ (refused unless
+# HOST_CALLBACK_ALLOW_CUDA_STANDIN=1), and `_testing_cuda_tap` and
+# `_testing_cuda_call` make a tap or call as the CUDA handlers do, with host
+# memory for device memory; see tests/test_cuda_transport.py.
 
 
 # --- Executions in flight (see native/executions.h) ----------------------

@@ -10,10 +10,7 @@
 namespace hcb {
 namespace {
 
-// Blocks are mapped in multiples of kBlockGrain; see MappedAllocator for
-// huge pages.
 constexpr int64_t kHugePage = 2 << 20;
-constexpr int64_t kBlockGrain = 64 << 10;
 // The pool keeps free blocks up to the queue bound plus this many bytes.
 constexpr int64_t kPoolSlack = 64 << 20;
 
@@ -55,7 +52,7 @@ void BlockPool::Unmap(Block* block) noexcept {
 }
 
 Block* BlockPool::Acquire(int64_t bytes) {
-  const int64_t capacity = RoundUp(bytes, kBlockGrain);
+  const int64_t capacity = RoundUp(bytes, grain_);
   {
     std::lock_guard<std::mutex> lock(mu_);
     auto best = free_blocks_.end();

@@ -54,11 +54,17 @@ class MappedAllocator final : public BlockAllocator {
   void Unmap(uint8_t* data, int64_t capacity) noexcept override;
 };
 
+// The CPU's blocks are allocated in multiples of this; see MappedAllocator
+// for huge pages.
+constexpr int64_t kBlockGrain = 64 << 10;
+
 class BlockPool {
  public:
-  // `queue_bound`: the bytes that the queues may hold (see SetQueueBound).
-  BlockPool(BlockAllocator* allocator, int64_t queue_bound)
-      : allocator_(allocator), queue_bound_(queue_bound) {}
+  // `queue_bound`: the bytes that the queues may hold (see SetQueueBound);
+  // blocks are allocated in multiples of `grain` bytes.
+  BlockPool(BlockAllocator* allocator, int64_t queue_bound,
+            int64_t grain = kBlockGrain)
+      : allocator_(allocator), grain_(grain), queue_bound_(queue_bound) {}
 
   // A block of at least `bytes`: the smallest free one that fits and wastes
   // at most half of itself, or a new one. Throws std::bad_alloc when the
@@ -80,6 +86,7 @@ class BlockPool {
   void Unmap(Block* block) noexcept;
 
   BlockAllocator* const allocator_;
+  const int64_t grain_;
   std::atomic<int64_t> queue_bound_;
   std::mutex mu_;
   std::deque<Block*> free_blocks_;  // oldest first

@@ -43,14 +43,9 @@ Chunk* DeviceQueue::ChunkWithRoom(int64_t size) {
   return chunks.back().get();
 }
 
-Status DeviceQueue::Push(int64_t site, int64_t request_id, const Span* arrays,
-                         size_t num_arrays) {
-  const int64_t size = PacketSize(arrays, num_arrays);
+Status DeviceQueue::WaitForRoom(std::unique_lock<std::mutex>& lock,
+                                int64_t size) {
   ReceiverLink* receiver = links_.receiver;
-  if (Status status = receiver->EnsureReceiver(device_id_); !status.ok()) {
-    return status;
-  }
-  std::unique_lock<std::mutex> lock = LockSoon(mu);
   // Over the bound, wait for the consumer; a lone packet always fits, so the
   // bytes waiting never exceed the bound plus one packet.
   while (enqueued > finished && bytes + size > receiver->queue_bound()) {
@@ -75,6 +70,18 @@ Status DeviceQueue::Push(int64_t site, int64_t request_id, const Span* arrays,
                      "the device waited for room in its full callback queue");
     }
   }
+  return Status();
+}
+
+Status DeviceQueue::Push(int64_t site, int64_t request_id, const Span* arrays,
+                         size_t num_arrays) {
+  const int64_t size = PacketSize(arrays, num_arrays);
+  ReceiverLink* receiver = links_.receiver;
+  if (Status status = receiver->EnsureReceiver(device_id_); !status.ok()) {
+    return status;
+  }
+  std::unique_lock<std::mutex> lock = LockSoon(mu);
+  if (Status status = WaitForRoom(lock, size); !status.ok()) return status;
   if (size >= kLargePacket) {
     return PushLarge(lock, size, site, request_id, arrays, num_arrays);
   }
@@ -282,6 +289,47 @@ void DeviceQueue::Release(int64_t packets, int64_t released_bytes) {
   finished += packets;
   bytes -= released_bytes;
   if (consumer == std::this_thread::get_id()) consumer = std::thread::id();
+  changed.notify_all();
+}
+
+Status DeviceQueue::Reserve(int64_t size) {
+  ReceiverLink* receiver = links_.receiver;
+  if (Status status = receiver->EnsureReceiver(device_id_); !status.ok()) {
+    return status;
+  }
+  std::unique_lock<std::mutex> lock = LockSoon(mu);
+  if (Status status = WaitForRoom(lock, size); !status.ok()) return status;
+  bytes += size;
+  high_water = std::max(high_water, bytes);
+  ++enqueued;
+  ++reserved;
+  return Status();
+}
+
+bool DeviceQueue::AppendReserved(std::unique_ptr<Chunk>& chunk) {
+  std::lock_guard<std::mutex> lock(mu);
+  const int64_t size = chunk->used;
+  --reserved;
+  try {
+    chunks.push_back(std::move(chunk));
+  } catch (const std::bad_alloc&) {
+    bytes -= size;  // as if consumed at once; the caller keeps the chunk
+    ++finished;
+    changed.notify_all();
+    return false;
+  }
+  unread += size;
+  pushed.store(enqueued, std::memory_order_release);
+  hurry = true;  // its block is lent to the consumer, not copied
+  WakeConsumer();
+  return true;
+}
+
+void DeviceQueue::CancelReserved(int64_t size) {
+  std::lock_guard<std::mutex> lock(mu);
+  --reserved;
+  bytes -= size;  // as if consumed at once
+  ++finished;
   changed.notify_all();
 }
 

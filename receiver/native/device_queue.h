@@ -70,6 +70,19 @@ class DeviceQueue {
   Status Push(int64_t site, int64_t request_id, const Span* arrays,
               size_t num_arrays);
 
+  // Device side, for a packet whose bytes land later (a GPU's copy into a
+  // pinned block, cuda_copies.h): waits for room as Push does, then counts
+  // `size` bytes and one packet as sent (in the bound, for barriers) before
+  // they exist. Exactly one of AppendReserved (in the order of the
+  // reservations: the packets' order) and CancelReserved follows.
+  Status Reserve(int64_t size);
+  // The reserved packet landed in `chunk` (a block, `used` its size): queued
+  // for the consumer. False (the chunk left with the caller, the packet
+  // counted as consumed) when the queue has no memory for it.
+  bool AppendReserved(std::unique_ptr<Chunk>& chunk);
+  // The reserved packet will not come: counted as consumed at once.
+  void CancelReserved(int64_t size);
+
   // Consumer side: describes the next waiting packets, in order, in `index`
   // (at most `max_packets`), waiting up to `timeout_s` for the first. Small
   // packets are copied back to back into `dst` (`capacity` bytes); large
@@ -121,6 +134,7 @@ class DeviceQueue {
   // The consumer thread while it consumes a taken batch (until its next Take).
   std::thread::id consumer;
   int64_t bytes = 0;                  // pushed and not yet released
+  int64_t reserved = 0;               // Reserve'd packets not yet landed
   int64_t high_water = 0;
   int64_t enqueued = 0;               // packets ever pushed
   int64_t finished = 0;               // packets released (consumed)
@@ -130,6 +144,9 @@ class DeviceQueue {
 
  private:
   Chunk* ChunkWithRoom(int64_t size);
+  // Under `mu` (held by `lock`, released while it waits): waits while the
+  // queue is over its bound.
+  Status WaitForRoom(std::unique_lock<std::mutex>& lock, int64_t size);
   // Push for a large packet: reserves its room in the bound, copies it into
   // a block with `mu` unlocked, then queues it.
   Status PushLarge(std::unique_lock<std::mutex>& lock, int64_t size,

@@ -13,6 +13,7 @@
 
 #include <cstddef>
 #include <cstdint>
+#include <utility>
 #include <vector>
 
 #include "executions.h"
@@ -25,24 +26,35 @@ namespace hcb {
 
 namespace ffi = xla::ffi;
 
-// What every op of a site takes: the device ordinal, then (token, *args)
-// and the result token.
-inline auto BindSiteOp() {
-  return ffi::Ffi::Bind()
-      .Ctx<ffi::DeviceOrdinal>()
-      .Arg<ffi::Token>()
+// The binding of every platform's handlers starts with `start()`:
+// ffi::Ffi::Bind(), or that and the platform's stream.
+inline auto BindNothing() { return ffi::Ffi::Bind(); }
+
+// What every op of a site takes, after what `start()` binds: the device
+// ordinal, then (token, *args) and the result token.
+template <typename Start>
+auto BindSiteOp(Start start) {
+  return start()
+      .template Ctx<ffi::DeviceOrdinal>()
+      .template Arg<ffi::Token>()
       .RemainingArgs()
-      .Ret<ffi::Token>();
+      .template Ret<ffi::Token>();
 }
 
 // A tap and a synchronous tap: (token, *args) -> token, attribute `site`;
-// handlers take (device ordinal, token, args, result token, site).
-inline auto BindTap() { return BindSiteOp().Attr<int64_t>("site"); }
+// handlers take what `start()` binds, then (device ordinal, token, args,
+// result token, site).
+template <typename Start = decltype(&BindNothing)>
+auto BindTap(Start start = &BindNothing) {
+  return BindSiteOp(start).template Attr<int64_t>("site");
+}
 
 // A call: (token, *args) -> (token, *results), attribute `site`; handlers
-// take (device ordinal, token, args, result token, results, site).
-inline auto BindCall() {
-  return BindSiteOp().RemainingRets().Attr<int64_t>("site");
+// take what `start()` binds, then (device ordinal, token, args, result
+// token, results, site).
+template <typename Start = decltype(&BindNothing)>
+auto BindCall(Start start = &BindNothing) {
+  return BindSiteOp(start).RemainingRets().template Attr<int64_t>("site");
 }
 
 // Our ordering token alone (host_callback_begin and _end).
@@ -145,18 +157,20 @@ inline ffi::Error EndOnFailure(ffi::Error error) {
 
 // The body of every handler of a site: reads the arguments' spans, checks
 // them against `site`, then returns `deliver(arrays)` (an ffi::Error). A
-// C++ exception fails the computation instead, and a failure ends the
+// C++ exception fails the computation instead, and where executions are
+// counted (`counted`: on CPU, see executions.h) a failure ends the
 // execution.
 template <typename Deliver>
 ffi::Error HandleSiteArgs(const ffi::RemainingArgs& args, int64_t site,
-                          Deliver deliver) noexcept {
-  return EndOnFailure(Guard([&] {
+                          Deliver deliver, bool counted = true) noexcept {
+  ffi::Error outcome = Guard([&] {
     Spans arrays(args.size());
     if (ffi::Error error = SiteArgs(args, site, &arrays); error.failure()) {
       return error;
     }
     return deliver(arrays);
-  }));
+  });
+  return counted ? EndOnFailure(std::move(outcome)) : outcome;
 }
 
 }  // namespace hcb

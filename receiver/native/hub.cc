@@ -3,6 +3,7 @@
 #include "hub.h"
 
 #include <string>
+#include <vector>
 
 namespace hcb {
 
@@ -20,6 +21,7 @@ Hub& Hub::Get() {
 void Hub::Attach(int64_t max_bytes) {
   receiver_.set_queue_bound(max_bytes);
   pool_.SetQueueBound(max_bytes);
+  cuda_.SetQueueBound(max_bytes);
   std::lock_guard<std::mutex> lock(mu_);
   for (auto& [device_id, queue] : queues_) {
     std::lock_guard<std::mutex> queue_lock(queue->mu);
@@ -36,7 +38,7 @@ bool Hub::Detach() {
   std::lock_guard<std::mutex> lock(mu_);
   for (auto& [device_id, queue] : queues_) {
     std::lock_guard<std::mutex> queue_lock(queue->mu);
-    pending = pending || queue->unread > 0;
+    pending = pending || queue->unread > 0 || queue->reserved > 0;
     queue->changed.notify_all();
   }
   return pending;
@@ -136,6 +138,38 @@ Status Hub::CallOnConsumer(int64_t device_id, DeviceQueue* queue, int64_t site,
     }
   }
   return request.Wait(device_id);
+}
+
+Status Hub::CudaSend(int64_t ordinal, void* stream, int64_t site,
+                     const Span* arrays, size_t num_arrays) {
+  return cuda_.Send(ordinal, Queue(CudaQueueId(ordinal)), stream, site, arrays,
+                    num_arrays);
+}
+
+Status Hub::CudaCall(int64_t ordinal, void* stream, int64_t site,
+                     const Span* arrays, size_t num_arrays,
+                     const Span* outputs, size_t num_outputs) {
+  std::vector<Span> host_in(num_arrays), host_out(num_outputs);
+  Block* in = nullptr;
+  if (Status status = cuda_.CopyIn(ordinal, stream, arrays, num_arrays, &in,
+                                   host_in.data());
+      !status.ok()) {
+    return status;
+  }
+  Block* out = nullptr;
+  Status status =
+      cuda_.ResultBlock(outputs, num_outputs, &out, host_out.data());
+  if (status.ok()) {
+    status = Call(CudaQueueId(ordinal), site, host_in.data(), num_arrays,
+                  host_out.data(), num_outputs);
+  }
+  ReturnBlock(in);  // its copy landed, and the host function returned
+  if (!status.ok()) {
+    if (out != nullptr) ReturnBlock(out);
+    return status;
+  }
+  return cuda_.CopyOut(ordinal, stream, out, host_out.data(), outputs,
+                       num_outputs);
 }
 
 }  // namespace hcb

@@ -2,8 +2,9 @@
 // part and wires them together: the device queues (device_queue.h, created
 // on first use and never freed), the CPU's block pool (block_pool.h), the
 // reply slots of requests (calls.h), direct runs (direct_runs.h), Ctrl-C
-// (interrupts.h), the link to the receiver (receiver_link.h) and the sites'
-// array sizes (site_sizes.h).
+// (interrupts.h), the link to the receiver (receiver_link.h), the sites'
+// array sizes (site_sizes.h), and the GPUs' pinned blocks and copies in
+// flight (cuda_copies.h).
 //
 // Device threads enter through Send and Call (from the FFI handlers,
 // ffi_cpu.cc); the Python receiver reaches the parts through the extension
@@ -28,6 +29,7 @@
 
 #include "block_pool.h"
 #include "calls.h"
+#include "cuda_copies.h"
 #include "device_queue.h"
 #include "direct_runs.h"
 #include "interrupts.h"
@@ -68,7 +70,19 @@ class Hub {
   Status Call(int64_t device_id, int64_t site, const Span* arrays,
               size_t num_arrays, const Span* outputs, size_t num_outputs);
 
+  // Device side, CUDA (cuda_copies.h; from ffi_cuda.cc): a tap's packet
+  // from GPU `ordinal`, copied on `stream` into a pinned block and queued
+  // once the copy landed.
+  Status CudaSend(int64_t ordinal, void* stream, int64_t site,
+                  const Span* arrays, size_t num_arrays);
+  // A call from GPU `ordinal`: its arguments copied in (waiting for that
+  // copy only), the request as Call makes it, its results copied out.
+  Status CudaCall(int64_t ordinal, void* stream, int64_t site,
+                  const Span* arrays, size_t num_arrays, const Span* outputs,
+                  size_t num_outputs);
+
   BlockPool& pool() { return pool_; }  // the CPU's blocks
+  CudaCopies& cuda() { return cuda_; }
   Calls& calls() { return calls_; }
   DirectRuns& direct_runs() { return direct_runs_; }
   Interrupts& interrupts() { return interrupts_; }
@@ -88,6 +102,7 @@ class Hub {
   MappedAllocator allocator_;
   BlockPool pool_;
   Calls calls_;
+  CudaCopies cuda_;  // pinned blocks and copies in flight, for GPUs
   DirectRuns direct_runs_;
   SiteSizes sites_;
   std::mutex mu_;

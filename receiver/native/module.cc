@@ -21,8 +21,10 @@
 #include <string>
 #include <vector>
 
+#include "cuda_api.h"
 #include "executions.h"
 #include "ffi_cpu.h"
+#include "ffi_cuda.h"
 #include "hub.h"
 #include "py_memory.h"
 #include "python_hooks.h"
@@ -32,7 +34,7 @@ namespace {
 
 // Bumped whenever a function's signature below changes (the module's
 // ABI_VERSION, which receiver/native_library.py checks).
-constexpr int kAbiVersion = 8;
+constexpr int kAbiVersion = 9;
 
 hcb::Hub& hub() { return hcb::Hub::Get(); }
 
@@ -82,6 +84,32 @@ bool Int64s(PyObject* list, std::vector<int64_t>* out) {
   }
   Py_DECREF(sequence);
   return !PyErr_Occurred();
+}
+
+// Raises RuntimeError with `status`'s message unless it is ok.
+PyObject* NoneOrRaise(const hcb::Status& status) {
+  if (status.ok()) Py_RETURN_NONE;
+  PyErr_SetString(PyExc_RuntimeError, status.message.c_str());
+  return nullptr;
+}
+
+// A sequence of (address, bytes) pairs as spans; false with an exception.
+bool SpanList(PyObject* list, std::vector<hcb::Span>* out) {
+  PyObject* sequence = PySequence_Fast(list, "expected (address, bytes) pairs");
+  if (sequence == nullptr) return false;
+  const Py_ssize_t count = PySequence_Fast_GET_SIZE(sequence);
+  out->resize(static_cast<size_t>(count));
+  bool ok = true;
+  for (Py_ssize_t i = 0; ok && i < count; ++i) {
+    unsigned long long address;
+    long long bytes;
+    ok = PyArg_ParseTuple(PySequence_Fast_GET_ITEM(sequence, i), "KL",
+                          &address, &bytes) != 0;
+    (*out)[static_cast<size_t>(i)] = {reinterpret_cast<void*>(address),
+                                      static_cast<int64_t>(bytes)};
+  }
+  Py_DECREF(sequence);
+  return ok;
 }
 
 // --- Module functions ----------------------------------------------------
@@ -287,6 +315,92 @@ PyObject* FfiHandlers(PyObject*, PyObject*) {
       "host_callback_end", Capsule(HcbEnd));
 }
 
+PyObject* CudaFfiHandlers(PyObject*, PyObject*) {
+  return Py_BuildValue("{sNsN}", "host_callback_outfeed",
+                       Capsule(HcbCudaOutfeed), "host_callback_call",
+                       Capsule(HcbCudaCall));
+}
+
+PyObject* CudaLoad(PyObject*, PyObject* args) {
+  const char* path = nullptr;
+  if (!PyArg_ParseTuple(args, "z", &path)) return nullptr;
+  return Guard([&] { return NoneOrRaise(hcb::LoadCudaApi(path)); });
+}
+
+PyObject* CudaStats(PyObject*, PyObject* arg) {
+  const long long ordinal = PyLong_AsLongLong(arg);
+  if (PyErr_Occurred()) return nullptr;
+  return Guard([&] {
+    int64_t out[4];
+    std::string failure;
+    hub().cuda().Stats(ordinal, out, &failure);
+    return Py_BuildValue("(LLLLs)", static_cast<long long>(out[0]),
+                         static_cast<long long>(out[1]),
+                         static_cast<long long>(out[2]),
+                         static_cast<long long>(out[3]), failure.c_str());
+  });
+}
+
+PyObject* CudaPoolStats(PyObject*, PyObject*) {
+  int64_t out[4];
+  hub().cuda().pool().Stats(out);
+  return Py_BuildValue("(LLLL)", static_cast<long long>(out[0]),
+                       static_cast<long long>(out[1]),
+                       static_cast<long long>(out[2]),
+                       static_cast<long long>(out[3]));
+}
+
+// Tests only (tests/test_cuda_transport.py): the CUDA stand-in, and a tap or
+// a call made as the CUDA handlers make them, with host memory for "device"
+// memory and a stand-in stream.
+PyObject* TestingCudaStandIn(PyObject*, PyObject* args) {
+  const char* path;
+  if (!PyArg_ParseTuple(args, "s", &path)) return nullptr;
+  return Guard([&] { return NoneOrRaise(hcb::InstallCudaStandIn(path)); });
+}
+
+PyObject* TestingCudaTap(PyObject*, PyObject* args) {
+  long long ordinal, site;
+  unsigned long long stream;
+  PyObject* arrays;
+  if (!PyArg_ParseTuple(args, "LKLO", &ordinal, &stream, &site, &arrays)) {
+    return nullptr;
+  }
+  std::vector<hcb::Span> spans;
+  if (!SpanList(arrays, &spans)) return nullptr;
+  return Guard([&] {
+    hcb::Status status;
+    WithoutGil([&] {
+      status = hub().CudaSend(ordinal, reinterpret_cast<void*>(stream), site,
+                              spans.data(), spans.size());
+    });
+    return NoneOrRaise(status);
+  });
+}
+
+PyObject* TestingCudaCall(PyObject*, PyObject* args) {
+  long long ordinal, site;
+  unsigned long long stream;
+  PyObject *arrays, *results;
+  if (!PyArg_ParseTuple(args, "LKLOO", &ordinal, &stream, &site, &arrays,
+                        &results)) {
+    return nullptr;
+  }
+  std::vector<hcb::Span> spans, outputs;
+  if (!SpanList(arrays, &spans) || !SpanList(results, &outputs)) {
+    return nullptr;
+  }
+  return Guard([&] {
+    hcb::Status status;
+    WithoutGil([&] {
+      status = hub().CudaCall(ordinal, reinterpret_cast<void*>(stream), site,
+                              spans.data(), spans.size(), outputs.data(),
+                              outputs.size());
+    });
+    return NoneOrRaise(status);
+  });
+}
+
 PyMethodDef methods[] = {
     {"executions", Executions, METH_NOARGS, nullptr},
     {"reset_executions_low_water", ResetExecutionsLowWater, METH_NOARGS,
@@ -312,6 +426,14 @@ PyMethodDef methods[] = {
     {"reply", Reply, METH_VARARGS, nullptr},
     {"reply_error", ReplyError, METH_VARARGS, nullptr},
     {"ffi_handlers", FfiHandlers, METH_NOARGS, nullptr},
+    // The CUDA transport (cuda_api.h, cuda_copies.h, ffi_cuda.cc).
+    {"cuda_ffi_handlers", CudaFfiHandlers, METH_NOARGS, nullptr},
+    {"cuda_load", CudaLoad, METH_VARARGS, nullptr},
+    {"cuda_stats", CudaStats, METH_O, nullptr},
+    {"cuda_pool_stats", CudaPoolStats, METH_NOARGS, nullptr},
+    {"_testing_cuda_standin", TestingCudaStandIn, METH_VARARGS, nullptr},
+    {"_testing_cuda_tap", TestingCudaTap, METH_VARARGS, nullptr},
+    {"_testing_cuda_call", TestingCudaCall, METH_VARARGS, nullptr},
     {nullptr, nullptr, 0, nullptr},
 };
 

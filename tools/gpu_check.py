@@ -1,0 +1,189 @@
+"""Validates host_callback's native CUDA transport on a GPU, in one command:
+
+    python -m tools.gpu_check                  # writes gpu_check_report.md
+    python -m tools.gpu_check --report PATH    # the report elsewhere
+    python -m tools.gpu_check --skip-suite     # without the whole suite
+
+Checks, each PASS or FAIL: the CUDA runtime's functions are found
+(`native/cuda_api.cc`); the GPU tests (tests/test_gpu.py) and the CUDA
+transport's host-side tests (tests/test_cuda_transport.py); the whole test
+suite with the GPU as the default backend; and timing rows, µs per step of
+a scan of tiny steps, for no tap, a tap on each transport and
+`jax.debug.callback`, printed beside the hardware's own figures from the
+CUDA programs of ../shared/gpu/ (built with nvcc when it exists). Needs no
+network. Exits 0 when every check passed, 1 when one failed, and 2 with a
+"no GPU" message where JAX has no CUDA backend (nothing validated). Once it
+passes on a GPU, `settings.CUDA_NATIVE_VALIDATED` may be set to True.
+"""
+
+from __future__ import annotations
+
+import argparse
+import os
+import platform
+import shutil
+import subprocess
+import sys
+import tempfile
+import time
+from typing import List, Optional, Tuple
+
+ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+SHARED_GPU = os.path.join(os.path.dirname(ROOT), "shared", "gpu")
+NO_GPU = 2
+
+# (name, passed, detail)
+Check = Tuple[str, bool, str]
+
+
+def find_gpu() -> Tuple[Optional[str], str]:
+  """The first CUDA device's description, or None and why not."""
+  try:
+    import jax  # pylint: disable=import-outside-toplevel
+    devices = jax.devices("cuda")
+  except Exception as error:  # pylint: disable=broad-except
+    return None, f"{type(error).__name__}: {error}"
+  if not devices:
+    return None, "JAX lists no CUDA device"
+  return f"{devices[0].device_kind} ({len(devices)} device(s))", ""
+
+
+def run(name: str, command: List[str], timeout: float,
+        env: Optional[dict] = None) -> Check:
+  """Runs `command` in the repository root; passes when it exits 0."""
+  start = time.monotonic()
+  try:
+    done = subprocess.run(command, cwd=ROOT, capture_output=True, text=True,
+                          timeout=timeout, env=dict(os.environ, **(env or {})))
+  except subprocess.TimeoutExpired:
+    return name, False, f"timed out after {timeout:.0f} s"
+  tail = (done.stdout + done.stderr).strip().splitlines()[-3:]
+  detail = f"{time.monotonic() - start:.0f} s; " + " | ".join(tail)
+  return name, done.returncode == 0, detail
+
+
+def timing_rows(steps: int = 20000) -> List[Tuple[str, float]]:
+  """µs per step of a scan of tiny steps: no tap, a tap per step on each
+  transport, jax.debug.callback per step."""
+  import jax  # pylint: disable=import-outside-toplevel
+  import jax.numpy as jnp  # pylint: disable=import-outside-toplevel
+  import host_callback as hcb  # pylint: disable=import-outside-toplevel
+
+  def scan(op):
+    def step(x, _):
+      x = x * 0.999 + 1.0
+      op(x)
+      return x, None
+    return jax.jit(lambda x: jax.lax.scan(step, x, None, length=steps)[0])
+
+  def per_step(op, transport="auto") -> float:
+    jax.config.update("jax_host_callback_transport", transport)
+    f = scan(op)
+    jax.block_until_ready(f(jnp.float32(0)))  # compiles
+    hcb.barrier_wait()
+    start = time.perf_counter()
+    jax.block_until_ready(f(jnp.float32(0)))
+    hcb.barrier_wait()
+    return (time.perf_counter() - start) / steps * 1e6
+
+  tap = lambda x: hcb.id_tap(lambda *_: None, x)  # noqa: E731
+  rows = [("scan step, no tap", per_step(lambda x: None)),
+          ("+ id_tap, native (CUDA handlers)", per_step(tap, "native")),
+          ("+ id_tap, python (JAX's callbacks)", per_step(tap, "python")),
+          ("+ jax.debug.callback",
+           per_step(lambda x: jax.debug.callback(lambda *_: None, x)))]
+  jax.config.update("jax_host_callback_transport", "auto")
+  return rows
+
+
+def hardware_rows() -> Tuple[List[str], str]:
+  """The figures of ../shared/gpu/*.cu, built with nvcc; or why none."""
+  nvcc = shutil.which("nvcc")
+  if nvcc is None or not os.path.isdir(SHARED_GPU):
+    return [], ("nvcc not found" if nvcc is None
+                else f"{SHARED_GPU} not found")
+  lines = []
+  with tempfile.TemporaryDirectory() as build:
+    for program, extra in (("tap_limit", []), ("tap_signal", ["-lcuda"])):
+      binary = os.path.join(build, program)
+      subprocess.run([nvcc, "-O2", "-o", binary,
+                      os.path.join(SHARED_GPU, program + ".cu"), *extra],
+                     check=True, capture_output=True, timeout=300)
+      out = subprocess.run([binary], capture_output=True, text=True,
+                           timeout=300).stdout
+      lines += [line for line in out.splitlines() if line.strip()]
+  return lines, ""
+
+
+def report(gpu: str, checks: List[Check], rows: List[Tuple[str, float]],
+           hardware: List[str], hardware_note: str) -> str:
+  lines = ["# host_callback GPU check", "",
+           f"- GPU: {gpu}", f"- host: {platform.node()} "
+           f"({platform.machine()}), Python {platform.python_version()}", "",
+           "| check | result | detail |", "| --- | --- | --- |"]
+  lines += [f"| {name} | {'PASS' if ok else 'FAIL'} | "
+            f"{detail.replace('|', '/')} |" for name, ok, detail in checks]
+  lines += ["", "| per step of a 20k-step scan | µs |", "| --- | --- |"]
+  lines += [f"| {name} | {value:.2f} |" for name, value in rows]
+  lines += ["", "Hardware (../shared/gpu, CUDA C++, same machine):", ""]
+  lines += [f"    {line}" for line in hardware] or [f"    ({hardware_note})"]
+  return "\n".join(lines) + "\n"
+
+
+def main(argv: Optional[List[str]] = None) -> int:
+  parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+  parser.add_argument("--report", default="gpu_check_report.md")
+  parser.add_argument("--skip-suite", action="store_true")
+  args = parser.parse_args(argv)
+  gpu, why = find_gpu()
+  if gpu is None:
+    message = ("gpu_check: no GPU: JAX has no CUDA backend here "
+               f"({why}). Nothing was validated; run `python -m "
+               "tools.gpu_check` on a machine with an NVIDIA GPU and "
+               "jax[cuda12] (or cuda13) installed.")
+    print(message)
+    with open(args.report, "w", encoding="utf-8") as out:
+      out.write(f"# host_callback GPU check\n\nNO GPU: {message}\n")
+    return NO_GPU
+  python = sys.executable
+  checks: List[Check] = [
+      run("CUDA runtime found", [python, "-c",
+          "from host_callback.receiver import native_library as n; "
+          "n.load_cuda_runtime()"], 120),
+      run("GPU tests (tests/test_gpu.py)",
+          [python, "-m", "pytest", "-q", "tests/test_gpu.py"], 600),
+      run("CUDA host side on the stand-in (tests/test_cuda_transport.py)",
+          [python, "-m", "pytest", "-q", "tests/test_cuda_transport.py"],
+          600, {"JAX_PLATFORMS": "cpu"}),
+  ]
+  if not args.skip_suite:
+    checks.append(run("whole suite, GPU default backend",
+                      [python, "-m", "pytest", "-q", "-x", "tests"], 3600))
+  rows: List[Tuple[str, float]] = []
+  try:
+    rows = timing_rows()
+    checks.append(("timing rows", True, f"{len(rows)} rows"))
+  except Exception as error:  # pylint: disable=broad-except
+    checks.append(("timing rows", False, f"{type(error).__name__}: {error}"))
+  try:
+    hardware, note = hardware_rows()
+  except (subprocess.SubprocessError, OSError) as error:
+    hardware, note = [], f"the CUDA programs failed: {error}"
+    checks.append(("hardware rows (../shared/gpu)", False, note))
+  text = report(gpu, checks, rows, hardware, note)
+  with open(args.report, "w", encoding="utf-8") as out:
+    out.write(text)
+  for name, ok, detail in checks:
+    print(f"{'PASS' if ok else 'FAIL'}  {name}  ({detail})")
+  print(text)
+  print(f"gpu_check: report written to {args.report}")
+  failed = [name for name, ok, _ in checks if not ok]
+  if failed:
+    print(f"gpu_check: FAIL ({len(failed)} of {len(checks)} checks)")
+    return 1
+  print(f"gpu_check: PASS ({len(checks)} checks)")
+  return 0
+
+
+if __name__ == "__main__":
+  sys.exit(main())
