@@ -2,9 +2,10 @@
 numbers of live arrays, devices and both modes, beside
 `jax.effects_barrier()`, and a training loop with a barrier every step.
 
-They run first, in a fresh process: which device queues are open (one
-device, then four) and whether a computation over several devices ran
-change what an idle barrier does.
+They run first, in a fresh process, the training loop (one device) before
+the idle rows: which device queues are open (one device, then four) and
+whether a computation of ours over several devices ran change what a
+barrier does.
 """
 
 from __future__ import annotations
