@@ -1,9 +1,12 @@
 // The sites that direct runs serve: see python_sites.h.
 
-#include "python_sites.h"
-
+// Before any header that includes NumPy's (python_sites.h does): NumPy
+// declares this file's table of its C API at its first header, and an
+// unnamed one is this file's own, never imported.
 #define PY_ARRAY_UNIQUE_SYMBOL hcb_ARRAY_API
 #define NO_IMPORT_ARRAY
+#include "python_sites.h"
+
 #include <numpy/arrayobject.h>
 
 #include <unordered_map>

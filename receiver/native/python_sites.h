@@ -18,6 +18,8 @@
 #ifndef NPY_NO_DEPRECATED_API
 #define NPY_NO_DEPRECATED_API NPY_1_7_API_VERSION
 #endif
+// A source that includes this header defines PY_ARRAY_UNIQUE_SYMBOL (and
+// NO_IMPORT_ARRAY) first: NumPy's headers declare the C API table here.
 #include <numpy/ndarraytypes.h>
 
 #include <cstdint>
