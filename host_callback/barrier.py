@@ -249,10 +249,14 @@ def _wait_for_devices() -> None:
   dispatched = probes.dispatch(_open_devices())
   if dispatched is not None:
     probes.wait_for(dispatched)
-    if _in_flight.none():
-      if not runtime.queues_drained():
-        runtime.wait_released()
-      return
+    # A host function that runs JAX code sends more packets, and its own
+    # may finish first: wait until every queue is drained.
+    for _ in range(_MAX_ROUNDS):
+      if not _in_flight.none():
+        break
+      if runtime.queues_drained():
+        return
+      runtime.wait_released()
   busy, quiet_since = False, None
   for _ in range(_MAX_ROUNDS):
     started = time.monotonic()
