@@ -348,7 +348,9 @@ def forget_failed_runtime_tokens(is_ours: Callable[[BaseException], bool],
   `jax.effects_barrier()` and in two atexit handlers (`wait_for_tokens`,
   `clean_up`). Tokens are waited for on a helper thread for at most
   `timeout` seconds in all, so that a computation stopped for ever by a
-  foreign op cannot block the caller; those left are kept.
+  foreign op cannot block the caller; those left are kept. At interpreter
+  exit, where Python 3.12 starts no thread, they are waited for here, as
+  JAX's own exit handlers would.
   """
   tokens = _dispatch.runtime_tokens.output_runtime_tokens
   pending = list(tokens.items())
@@ -364,8 +366,12 @@ def forget_failed_runtime_tokens(is_ours: Callable[[BaseException], bool],
 
   waiter = threading.Thread(target=wait, daemon=True,
                             name="host_callback_runtime_tokens")
-  waiter.start()
-  waiter.join(timeout)
+  try:
+    waiter.start()
+  except RuntimeError:  # "can't create new thread at interpreter shutdown"
+    wait()
+  else:
+    waiter.join(timeout)
   for device, token in list(failed):
     if tokens.get(device) is token:
       del tokens[device]
