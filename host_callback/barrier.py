@@ -28,10 +28,9 @@ import time
 from typing import Any, Dict, Optional, Set, Tuple
 
 import jax
-import numpy as np
 
 from . import executions, primitive, probes, runtime, settings
-from .devices import device_number, local_devices_by_number
+from .devices import device_number, local_devices_by_number, zero_on
 from .host_functions import HostFunction
 from .receiver import in_consumer_thread
 
@@ -110,11 +109,6 @@ def _marker_computation(name: str) -> Any:
   # which costs less than a device_put.
   return jax.jit(lambda on_device, number: primitive.bind(
       [on_device + number], function=function, num_args=1, device_index=0)[0])
-
-
-@functools.lru_cache(maxsize=None)
-def _on_device(device: Any) -> jax.Array:
-  return jax.device_put(np.int32(0), device)
 
 
 class _InFlight:
@@ -218,7 +212,7 @@ def _marker_round() -> bool:
         key = (name, device_id)
         sent_before[key] = transport.packets_sent(device_id)
         targets[key] = _markers.next_number(key)
-        _run_marker(marker, _on_device(local[device_id]), targets[key])
+        _run_marker(marker, zero_on(local[device_id]), targets[key])
   _round.ran_here = None
   _markers.wait(targets)
   # Each marker is one execution; a marker that ran here was not queued,

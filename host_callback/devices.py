@@ -12,6 +12,7 @@ import functools
 from typing import Any, Dict, List
 
 import jax
+import numpy as np
 
 _PLATFORM_STRIDE = 1 << 20
 _PLATFORM_RANKS = {"cpu": 0, "gpu": 1, "cuda": 1, "rocm": 2, "tpu": 3}
@@ -45,3 +46,10 @@ def local_devices_by_number() -> Dict[int, Any]:
 
 def numbers(devices: List[Any]) -> List[int]:
   return [device_number(device) for device in devices]
+
+
+@functools.lru_cache(maxsize=None)
+def zero_on(device: Any) -> jax.Array:
+  """An int32 zero committed to `device`: what places a tiny computation
+  there (the barrier's markers and probes)."""
+  return jax.device_put(np.int32(0), device)

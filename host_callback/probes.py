@@ -29,7 +29,7 @@ from typing import Any, Iterable, List, Optional, Sequence
 import jax
 import numpy as np
 
-from .devices import local_devices_by_number
+from .devices import local_devices_by_number, zero_on
 
 _multi_device_lowered = threading.Event()
 
@@ -50,9 +50,7 @@ def _zero_on(device_number: int) -> Optional[jax.Array]:
   """A zero committed to a local CPU device; None for another device:
   elsewhere computations are asynchronous, and nothing runs inline."""
   device = local_devices_by_number()[device_number]
-  if device.platform != "cpu":
-    return None
-  return jax.device_put(np.int32(0), device)
+  return zero_on(device) if device.platform == "cpu" else None
 
 
 @functools.lru_cache(maxsize=None)
