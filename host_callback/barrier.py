@@ -2,9 +2,10 @@
 each device.
 
 On CPU the barrier first waits for a probe per device (see `probes`): when
-they are ready, every computation dispatched so far to those devices has
-finished, whatever their inputs waited for. Then, unless one of ours still
-runs (another thread's; they count their executions, see `executions`),
+they are ready, every computation that this thread dispatched so far to
+those devices has finished, whatever their inputs waited for. Then, unless
+one of ours still runs (another thread's; they count their executions once
+begun, see `executions`),
 what is left is the packets they sent, and the barrier waits until the
 consumers have run them. It visits none of the program's arrays.
 
@@ -233,8 +234,9 @@ def _open_devices() -> Set[int]:
 def _wait_for_devices() -> None:
   """Waits until every callback of the computations dispatched so far ran.
 
-  On CPU the probes say when every computation dispatched so far has
-  finished; then, unless one of ours still runs (another thread's), what is
+  On CPU the probes say when every computation that this thread
+  dispatched so far has finished; then, unless one of ours still runs
+  (another thread's, begun), what is
   left is the packets they sent. Elsewhere, or then, marker rounds: one
   quiet round suffices when nothing else happens; after packets arrived or
   computations began that the markers did not account for, quiet rounds

@@ -1,9 +1,10 @@
 """Whether JAX's CPU client has finished what was dispatched, without
 visiting the program's arrays.
 
-JAX's CPU client runs the single-device computations of one device in
-dispatch order: one dispatched while an earlier one on that device still
-runs or waits (for its inputs, or for the one before it) waits for it, and
+JAX's CPU client runs the single-device computations that one thread
+dispatches to one device in dispatch order (JAX gives each thread its own
+execution stream): one dispatched while an earlier one still runs or waits
+(for its inputs, or for the one before it) waits for it, and
 when none does, a cheap computation runs inline, before its dispatch
 returns (`TfrtCpuExecutable::ExecuteHelper` in XLA's
 `xla/pjrt/cpu/cpu_client.cc`, its "last enqueue event"; checked on jaxlib
@@ -13,8 +14,8 @@ launch event").
 
 So a probe, a cheap computation dispatched on a device, whose output is
 ready when its dispatch returns, shows that every single-device computation
-dispatched before it on that device has finished, whatever its inputs
-waited for; a probe over two local devices, once ready, shows it for the
+that its thread dispatched before it on that device has finished, whatever
+its inputs waited for; a probe over two local devices, once ready, shows it for the
 computations over several devices. This costs a dispatch per device, and
 one more, only once a computation of ours over several devices was lowered
 (about 30 µs: such a computation always runs on the client's threads).
@@ -68,8 +69,8 @@ def _zeros_across_two_cpus() -> Optional[jax.Array]:
 def dispatch(device_numbers: Iterable[int]) -> Optional[List[jax.Array]]:
   """Dispatches a probe on each of these local devices, and one over two
   devices once a computation of ours over several devices was lowered:
-  when they are all ready, every computation dispatched so far, by any
-  thread, to these devices has finished. None where that cannot be told
+  when they are all ready, every computation dispatched so far by this
+  thread to these devices has finished. None where that cannot be told
   (a device that is not a CPU)."""
   probe = _probe()
   dispatched = []
@@ -86,8 +87,8 @@ def dispatch(device_numbers: Iterable[int]) -> Optional[List[jax.Array]]:
 
 
 def finished(device_numbers: Iterable[int]) -> bool:
-  """Whether every computation dispatched so far to these local devices
-  has finished (False where that cannot be told)."""
+  """Whether every computation that this thread dispatched so far to these
+  local devices has finished (False where that cannot be told)."""
   dispatched = dispatch(device_numbers)
   return dispatched is not None and all([p.is_ready() for p in dispatched])
 

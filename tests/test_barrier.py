@@ -38,10 +38,14 @@ def _sent_and_begun():
   return sent, executions.counts()[0]
 
 
-@pytest.mark.parametrize("device_index", [0, 3])
-def test_barrier_waits_for_a_step_whose_input_was_not_ready(device_index):
+@pytest.mark.parametrize("device_index,thread", [
+    (0, "main"), (3, "main"), (3, "another")])
+def test_barrier_waits_for_a_step_whose_input_was_not_ready(device_index,
+                                                            thread):
   """The step waits for `_busy`'s output; its outputs are dropped, so
-  nothing the program holds refers to it."""
+  nothing the program holds refers to it. XLA's CPU client orders
+  computations per device and per dispatching thread: a barrier covers what
+  its own thread dispatched, on the main thread or another."""
   device = cpu_devices(4)[device_index]
   recorder = Recorder()
   step = jax.jit(lambda y: hcb.id_tap(recorder, jnp.sum(y[0, :3])))
@@ -49,11 +53,19 @@ def test_barrier_waits_for_a_step_whose_input_was_not_ready(device_index):
   step(x)
   hcb.barrier_wait()
   recorder.calls.clear()
+  received = []
 
-  for i in range(3):
-    step(_busy(x) + i)  # output dropped at once
-  hcb.barrier_wait()
-  received = [float(a) for a in recorder.args]
+  def dispatch_and_wait():
+    for i in range(3):
+      step(_busy(x) + i)  # output dropped at once
+    hcb.barrier_wait()
+    received.extend(float(a) for a in recorder.args)
+  if thread == "main":
+    dispatch_and_wait()
+  else:
+    dispatcher = threading.Thread(target=dispatch_and_wait)
+    dispatcher.start()
+    dispatcher.join()
   expected = [float(np.sum(_busy(x)[0, :3]) + 3 * i) for i in range(3)]
   np.testing.assert_allclose(received, expected, rtol=1e-5)
 

@@ -32,15 +32,19 @@ def test_threads_on_different_devices_lose_nothing_and_keep_order():
 
   devices = cpu_devices(4)
   def dispatch(device):
-    for call in range(CALLS_PER_THREAD):
-      run(jax.device_put(jnp.int32(call * STEPS), device))  # output dropped
+    outputs = [run(jax.device_put(np.int32(call * STEPS), device))
+               for call in range(CALLS_PER_THREAD)]
+    # A barrier covers the computations that other threads dispatched once
+    # they have begun (docs/architecture.md, "What the barrier cannot see").
+    jax.block_until_ready(outputs)
 
   threads = [threading.Thread(target=dispatch, args=(d,)) for d in devices]
   for thread in threads:
     thread.start()
   for thread in threads:
     thread.join()
-  # A barrier from this (another) thread covers every thread's computations.
+  # A barrier from this (another) thread covers every thread's taps, also
+  # those still queued in the outfeed mode.
   hcb.barrier_wait()
   expected = list(range(CALLS_PER_THREAD * STEPS))
   assert tap.by_device() == {d.id: expected for d in devices}

@@ -70,17 +70,20 @@ def test_consumer_using_id_tap_and_jax(both_modes):
 
 def test_keyboard_interrupt_during_barrier_wait_leaves_runtime_usable(
     outfeed_mode):
-  started = threading.Event()
+  started, release = threading.Event(), threading.Event()
 
   def slow(x, transforms):
     started.set()
-    time.sleep(0.5)
+    release.wait(10)  # until the barrier was interrupted, however late
 
   jax.jit(lambda x: hcb.id_tap(slow, x))(1.)
   started.wait(10)
   threading.Timer(0.1, _thread.interrupt_main).start()
-  with pytest.raises(KeyboardInterrupt):
-    hcb.barrier_wait()
+  try:
+    with pytest.raises(KeyboardInterrupt):
+      hcb.barrier_wait()
+  finally:
+    release.set()
   received = []
   jax.jit(lambda x: hcb.id_tap(lambda v, _: received.append(float(v)), x))(2.)
   hcb.barrier_wait()

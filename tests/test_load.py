@@ -75,12 +75,14 @@ def test_four_devices_four_threads_for_a_bounded_time():
   deadline = time.monotonic() + 2.0
   sent = collections.Counter()
   def dispatch(device, thread_index):
-    calls = 0
+    calls, outputs = 0, []
     while time.monotonic() < deadline:
       # Each thread owns a disjoint range of sequence numbers.
-      run(jax.device_put(  # output dropped
-          jnp.int32(thread_index * 10_000_000 + calls * 100), device))
+      outputs.append(run(jax.device_put(
+          np.int32(thread_index * 10_000_000 + calls * 100), device)))
       calls += 1
+    # What a barrier covers of other threads' computations: those begun.
+    jax.block_until_ready(outputs)
     with lock:
       sent[device.id] += calls * 100
 
