@@ -5,6 +5,7 @@ the outfeed mode; re-entrant host functions and failing calls in both modes.
 """
 
 import os
+import signal
 import threading
 import time
 import _thread
@@ -70,6 +71,8 @@ def test_consumer_using_id_tap_and_jax(both_modes):
 
 def test_keyboard_interrupt_during_barrier_wait_leaves_runtime_usable(
     outfeed_mode):
+  # interrupt_main does nothing unless Python handles SIGINT.
+  assert signal.getsignal(signal.SIGINT) is signal.default_int_handler
   started, release = threading.Event(), threading.Event()
 
   def slow(x, transforms):
