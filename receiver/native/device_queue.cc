@@ -73,15 +73,40 @@ Status DeviceQueue::WaitForRoom(std::unique_lock<std::mutex>& lock,
   return Status();
 }
 
+Status DeviceQueue::LockWithRoom(int64_t size,
+                                 std::unique_lock<std::mutex>* lock) {
+  if (Status status = links_.receiver->EnsureReceiver(device_id_);
+      !status.ok()) {
+    return status;
+  }
+  *lock = LockSoon(mu);
+  return WaitForRoom(*lock, size);
+}
+
+void DeviceQueue::CountSent(int64_t size) {
+  bytes += size;
+  high_water = std::max(high_water, bytes);
+  ++enqueued;
+}
+
+void DeviceQueue::CountConsumedAtOnce(int64_t size) {
+  bytes -= size;
+  ++finished;
+  changed.notify_all();
+}
+
+void DeviceQueue::PublishBlock(int64_t size) {
+  unread += size;
+  pushed.store(enqueued, std::memory_order_release);
+  hurry = true;
+  WakeConsumer();
+}
+
 Status DeviceQueue::Push(int64_t site, int64_t request_id, const Span* arrays,
                          size_t num_arrays) {
   const int64_t size = PacketSize(arrays, num_arrays);
-  ReceiverLink* receiver = links_.receiver;
-  if (Status status = receiver->EnsureReceiver(device_id_); !status.ok()) {
-    return status;
-  }
-  std::unique_lock<std::mutex> lock = LockSoon(mu);
-  if (Status status = WaitForRoom(lock, size); !status.ok()) return status;
+  std::unique_lock<std::mutex> lock;
+  if (Status status = LockWithRoom(size, &lock); !status.ok()) return status;
   if (size >= kLargePacket) {
     return PushLarge(lock, size, site, request_id, arrays, num_arrays);
   }
@@ -90,9 +115,7 @@ Status DeviceQueue::Push(int64_t site, int64_t request_id, const Span* arrays,
               num_arrays);
   chunk->used += size;
   unread += size;
-  bytes += size;
-  high_water = std::max(high_water, bytes);
-  ++enqueued;
+  CountSent(size);
   pushed.store(enqueued, std::memory_order_release);
   if (request_id != 0 || unread >= kHurryBytes || finish_waiters > 0) {
     hurry = true;
@@ -100,17 +123,14 @@ Status DeviceQueue::Push(int64_t site, int64_t request_id, const Span* arrays,
   WakeConsumer();
   lock.unlock();
   // A receiver that detached while we pushed may have missed this packet.
-  return receiver->EnsureReceiver(device_id_);
+  return links_.receiver->EnsureReceiver(device_id_);
 }
 
 Status DeviceQueue::PushLarge(std::unique_lock<std::mutex>& lock, int64_t size,
                               int64_t site, int64_t request_id,
                               const Span* arrays, size_t num_arrays) {
-  // Reserved first: the packet counts in the bound, and as sent for
-  // barriers and direct runs, while it is copied without the lock.
-  bytes += size;
-  high_water = std::max(high_water, bytes);
-  ++enqueued;
+  // Reserved first: the packet counts while it is copied without the lock.
+  CountSent(size);
   lock.unlock();
   try {
     std::unique_ptr<Chunk> chunk;
@@ -130,15 +150,10 @@ Status DeviceQueue::PushLarge(std::unique_lock<std::mutex>& lock, int64_t size,
     chunks.push_back(std::move(chunk));  // else ~Chunk returns it
   } catch (...) {
     if (!lock.owns_lock()) lock.lock();
-    bytes -= size;  // as if consumed at once
-    ++finished;
-    changed.notify_all();
+    CountConsumedAtOnce(size);
     throw;
   }
-  unread += size;
-  pushed.store(enqueued, std::memory_order_release);
-  hurry = true;  // its block is lent to the consumer, not copied
-  WakeConsumer();
+  PublishBlock(size);
   lock.unlock();
   return links_.receiver->EnsureReceiver(device_id_);
 }
@@ -293,15 +308,9 @@ void DeviceQueue::Release(int64_t packets, int64_t released_bytes) {
 }
 
 Status DeviceQueue::Reserve(int64_t size) {
-  ReceiverLink* receiver = links_.receiver;
-  if (Status status = receiver->EnsureReceiver(device_id_); !status.ok()) {
-    return status;
-  }
-  std::unique_lock<std::mutex> lock = LockSoon(mu);
-  if (Status status = WaitForRoom(lock, size); !status.ok()) return status;
-  bytes += size;
-  high_water = std::max(high_water, bytes);
-  ++enqueued;
+  std::unique_lock<std::mutex> lock;
+  if (Status status = LockWithRoom(size, &lock); !status.ok()) return status;
+  CountSent(size);
   ++reserved;
   return Status();
 }
@@ -313,24 +322,17 @@ bool DeviceQueue::AppendReserved(std::unique_ptr<Chunk>& chunk) {
   try {
     chunks.push_back(std::move(chunk));
   } catch (const std::bad_alloc&) {
-    bytes -= size;  // as if consumed at once; the caller keeps the chunk
-    ++finished;
-    changed.notify_all();
+    CountConsumedAtOnce(size);  // the caller keeps the chunk
     return false;
   }
-  unread += size;
-  pushed.store(enqueued, std::memory_order_release);
-  hurry = true;  // its block is lent to the consumer, not copied
-  WakeConsumer();
+  PublishBlock(size);
   return true;
 }
 
 void DeviceQueue::CancelReserved(int64_t size) {
   std::lock_guard<std::mutex> lock(mu);
   --reserved;
-  bytes -= size;  // as if consumed at once
-  ++finished;
-  changed.notify_all();
+  CountConsumedAtOnce(size);
 }
 
 bool DeviceQueue::WaitFinished(int64_t target, double timeout_s) {

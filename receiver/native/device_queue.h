@@ -147,6 +147,18 @@ class DeviceQueue {
   // Under `mu` (held by `lock`, released while it waits): waits while the
   // queue is over its bound.
   Status WaitForRoom(std::unique_lock<std::mutex>& lock, int64_t size);
+  // Push and Reserve: makes sure a receiver is attached, then takes `mu` in
+  // `*lock` once the queue has room for `size` more bytes.
+  Status LockWithRoom(int64_t size, std::unique_lock<std::mutex>* lock);
+  // Under `mu`: counts a packet of `size` bytes as sent, in the bound and
+  // for barriers and direct runs.
+  void CountSent(int64_t size);
+  // Under `mu`: a packet counted as sent that will never be queued counts as
+  // consumed at once.
+  void CountConsumedAtOnce(int64_t size);
+  // Under `mu`: the packet just queued in a block of its own (lent to the
+  // consumer, not copied) is ready to be taken.
+  void PublishBlock(int64_t size);
   // Push for a large packet: reserves its room in the bound, copies it into
   // a block with `mu` unlocked, then queues it.
   Status PushLarge(std::unique_lock<std::mutex>& lock, int64_t size,
