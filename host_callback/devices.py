@@ -51,5 +51,5 @@ def numbers(devices: List[Any]) -> List[int]:
 @functools.lru_cache(maxsize=None)
 def zero_on(device: Any) -> jax.Array:
   """An int32 zero committed to `device`: what places a tiny computation
-  there (the barrier's markers and probes)."""
+  there (the barrier's markers)."""
   return jax.device_put(np.int32(0), device)
