@@ -270,6 +270,13 @@ def queues_drained() -> bool:
              for device_id in queues.device_ids())
 
 
+def consume_waiting_here(limit: int) -> bool:
+  """Runs on the calling thread up to `limit` host functions whose packets
+  wait on queues that no receiver thread is busy with, in each device's
+  order; returns whether it ran any."""
+  return _runtime.consume_here(limit)
+
+
 def wait_released() -> None:
   """Waits until the queues have released every packet consumed so far."""
   running = _runtime.running_receiver()

@@ -178,6 +178,31 @@ class PacketQueue:
     while self._taken:
       self._cond.wait(POLL_SECONDS)
 
+  # --- Guests: a thread that waits for the queue to drain consumes it ---
+
+  def take_as_guest(self) -> Optional[Packet]:
+    """The next waiting packet, for the calling thread to consume, when no
+    consumer holds packets and no host function runs directly; the queue
+    is then claimed as by `begin_direct` until `end_guest`."""
+    with self._cond:
+      if self._direct_depth or self._taken or not self._packets:
+        return None
+      self._direct_depth = 1
+      self._direct_owner = threading.get_ident()
+      self._direct_busy = True
+      return self._packets.popleft()
+
+  def end_guest(self, packets: List[Packet]) -> None:
+    """The guest consumed `packets`: releases them, and the claim."""
+    with self._cond:
+      for packet in packets:
+        self._bytes -= packet.nbytes
+        self._finished += 1
+      self._direct_depth = 0
+      self._direct_owner = None
+      self._direct_busy = False
+      self._cond.notify_all()
+
   # --- Statistics and waits ---
 
   def wait_finished(self, is_stopped: Callable[[], bool]) -> None:

@@ -7,6 +7,7 @@ import threading
 from typing import Deque, Dict, List, Mapping, Tuple
 
 from .errors import ErrorLog
+from .interrupts import stopped_main_thread
 from .packets import POLL_SECONDS, Packet
 from .registry import ConsumerRegistry
 from .transport import QueueStats, Transport
@@ -123,20 +124,49 @@ class Receiver:
       taken.extend(transport.take_batch(device_id, POLL_SECONDS))
     self._consume_taken(transport, device_id, taken)
 
-  def _consume(self, packet: Packet) -> None:
+  def consume_here(self, limit: int) -> bool:
+    """Consumes on the calling thread, in each device's order, up to
+    `limit` packets waiting on queues that no consumer thread is busy with
+    (`Transport.take_here`): a barrier that waits for them then costs no
+    hand-off to those threads. Ctrl-C that stops a host function here is
+    raised, not recorded. Returns whether it consumed any."""
+    consumed = 0
+    for transport in self.transports.values():
+      for device_id in transport.device_ids():
+        while (consumed < limit and not self.is_stopped() and
+               transport.packets_waiting(device_id)):
+          packets = transport.take_here(device_id)
+          if not packets:
+            break
+          try:
+            with consumer_thread():
+              for packet in packets:
+                self._consume(packet, raise_interrupt=True)
+          finally:
+            transport.finish_here(device_id, packets)
+          consumed += len(packets)
+    return consumed > 0
+
+  def _consume(self, packet: Packet, raise_interrupt: bool = False) -> None:
     """Runs the packet's consumer and replies to a request. An error, also
     one in delivering the reply (e.g. results the device cannot take), is
-    recorded for the barrier and, for a request, fails the device."""
+    recorded for the barrier and, for a request, fails the device; with
+    `raise_interrupt`, Ctrl-C on the main thread fails the device, and is
+    raised instead."""
     try:
       consumer = self._registry.get(packet.consumer_id)
       result = consumer(packet.arrays, packet.device_id)
       if packet.reply is not None:
         packet.reply.set_result(result if result is not None else ())
     except BaseException as error:  # pylint: disable=broad-except
+      interrupted = raise_interrupt and stopped_main_thread(error)
       waiting = packet.reply is not None and not packet.reply.done
-      self._errors.record(error, delivered=packet.reply is not None)
+      if not interrupted:
+        self._errors.record(error, delivered=packet.reply is not None)
       if waiting:
         packet.reply.set_error(error, self._registry.context(packet.consumer_id))
+      if interrupted:
+        raise
 
   def wait_processed(self) -> None:
     """Waits until every packet sent so far has been consumed."""

@@ -226,6 +226,11 @@ class Runtime:
   def running_receiver(self) -> Optional[Receiver]:
     return self._receiver
 
+  def consume_here(self, limit: int) -> bool:
+    """See `Receiver.consume_here`; False without a receiver."""
+    receiver = self._receiver
+    return receiver is not None and receiver.consume_here(limit)
+
   def stop(self) -> None:
     """Drains and stops the receiver. Packets sent meanwhile stay queued, and
     a new receiver starts at once for them, or when a device next sends."""

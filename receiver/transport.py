@@ -79,6 +79,17 @@ class Transport(Producer, Protocol):
   def wait_finished(self, device_id: int, is_stopped: Callable[[], bool]) -> None:
     """Waits until every packet the device has sent so far is consumed."""
 
+  def take_here(self, device_id: int) -> List[Packet]:
+    """The device's next waiting packet, for a thread that waits for the
+    queue to drain (a barrier) to consume itself instead of waking the
+    consumer: taken only when no consumer holds packets of the device and
+    none of its host functions runs, and then the device's queue is claimed
+    (the consumer takes nothing) until `finish_here`. Empty otherwise."""
+
+  def finish_here(self, device_id: int, packets: List[Packet]) -> None:
+    """The packets `take_here` returned are consumed: releases them, and
+    the claim."""
+
   def packets_sent(self, device_id: int) -> int:
     """How many packets the device has ever sent."""
 

@@ -220,6 +220,13 @@ class PythonTransport:
   def wait_finished(self, device_id: int, is_stopped: Callable[[], bool]) -> None:
     self._queue(device_id).wait_finished(is_stopped)
 
+  def take_here(self, device_id: int) -> List[Packet]:
+    packet = self._queue(device_id).take_as_guest()
+    return [] if packet is None else [packet]
+
+  def finish_here(self, device_id: int, packets: List[Packet]) -> None:
+    self._queue(device_id).end_guest(packets)
+
   def packets_sent(self, device_id: int) -> int:
     return self._queue(device_id).packets_sent
 

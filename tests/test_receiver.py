@@ -187,12 +187,17 @@ def _thread_recorder(threads):
 
 
 @in_outfeed_mode
-def test_eager_taps_run_on_receiver_thread_by_default():
-  threads = []
-  hcb.id_tap(_thread_recorder(threads), jnp.int32(1))
+def test_eager_taps_run_after_id_tap_returned_by_default():
+  # Not inline: the tap function waits for what the caller does after
+  # id_tap returned (inline, it would time out). It runs on a receiver
+  # thread, or on the barrier's, which runs taps still waiting there.
+  returned = threading.Event()
+  waited = []
+  hcb.id_tap(lambda arg, transforms: waited.append(returned.wait(10)),
+             jnp.int32(1))
+  returned.set()
   hcb.barrier_wait()
-  assert len(threads) == 1
-  assert threads[0][0] is not threading.current_thread()
+  assert waited == [True]
 
 
 def test_inline_setting_runs_eager_taps_in_callers_thread(inline):

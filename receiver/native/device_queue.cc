@@ -18,6 +18,9 @@ constexpr auto kConsumerSpin = std::chrono::microseconds(20);
 // (see DeviceQueue::consumer_pacing): the latency a tap may get.
 constexpr auto kBatchInterval = std::chrono::milliseconds(2);
 constexpr int64_t kHurryBytes = 1 << 20;
+// A consumer woken for taps on an empty queue waits this long before it
+// takes them (unless in a hurry): what a barrier needs to take them first.
+constexpr auto kGuestGrace = std::chrono::microseconds(200);
 // Packets are written into chunks of this size (or one packet's size).
 constexpr int64_t kChunkBytes = 1 << 20;
 // Read chunks kept per device for reuse.
@@ -169,6 +172,7 @@ int64_t DeviceQueue::Take(double timeout_s, uint8_t* dst, int64_t capacity,
   auto woken = [&] { return receiver->wake_generation() != generation; };
   auto ready = [&] { return unread > 0 && !direct_busy; };
   const auto deadline = Clock::now() + Seconds(timeout_s);
+  auto pace_until = last_take + kBatchInterval;
   if (!ready()) {
     if (expect_request) {
       const int64_t seen = enqueued;
@@ -182,15 +186,64 @@ int64_t DeviceQueue::Take(double timeout_s, uint8_t* dst, int64_t capacity,
     not_empty.wait_until(lock, deadline, [&] { return ready() || woken(); });
     consumer_idle = false;
     if (!ready()) return 0;
+    // Woken for taps: a barrier that waits for them may consume them on its
+    // own thread (TakeAsGuest) sooner than this thread could hand them back.
+    pace_until = std::max(pace_until, Clock::now() + kGuestGrace);
   }
   if (!hurry) {
     consumer_pacing = true;
-    not_empty.wait_until(lock, std::min(deadline, last_take + kBatchInterval),
+    not_empty.wait_until(lock, std::min(deadline, pace_until),
                          [&] { return hurry || woken(); });
     consumer_pacing = false;
     if (!ready()) return 0;
   }
   last_take = Clock::now();
+  return TakeWaiting(lock, dst, capacity, index, max_packets, needed,
+                     /*by_consumer=*/true);
+}
+
+int64_t DeviceQueue::TakeAsGuest(uint8_t* dst, int64_t capacity,
+                                 IndexEntry* index, int64_t* needed) {
+  *needed = 0;
+  std::unique_lock<std::mutex> lock(mu);
+  // No consumer holds a batch (it would finish it first), no host function
+  // runs on a device thread, and a packet waits.
+  if (consumer != std::thread::id() || direct_depth > 0 || unread == 0) {
+    return 0;
+  }
+  // Claimed before TakeWaiting unlocks: the consumer takes nothing after
+  // the guest's packet until the guest has consumed it.
+  direct_depth = 1;
+  direct_owner = std::this_thread::get_id();
+  direct_busy = true;
+  const int64_t count = TakeWaiting(lock, dst, capacity, index,
+                                    /*max_packets=*/1, needed,
+                                    /*by_consumer=*/false);
+  if (count == 0) {  // too large for `dst`, or dropped: nothing to consume
+    lock.unlock();
+    EndGuest(0, 0);
+  }
+  return count;
+}
+
+void DeviceQueue::EndGuest(int64_t packets, int64_t released_bytes) {
+  std::lock_guard<std::mutex> lock(mu);
+  finished += packets;
+  bytes -= released_bytes;
+  direct_depth = 0;
+  direct_owner = std::thread::id();
+  direct_busy = false;
+  changed.notify_all();
+  if (unread > 0) {  // arrived meanwhile: the consumer's, at once
+    hurry = true;
+    WakeConsumer();
+  }
+}
+
+int64_t DeviceQueue::TakeWaiting(std::unique_lock<std::mutex>& lock,
+                                 uint8_t* dst, int64_t capacity,
+                                 IndexEntry* index, int64_t max_packets,
+                                 int64_t* needed, bool by_consumer) {
   // Under the lock, only find the byte ranges of whole small packets, and
   // take the blocks of large ones: the device no longer touches them, so
   // the small ones are copied after unlocking, and the blocks are lent.
@@ -237,7 +290,7 @@ int64_t DeviceQueue::Take(double timeout_s, uint8_t* dst, int64_t capacity,
     chunks.pop_front();
     read_offset = 0;
   }
-  if (packets > 0) consumer = std::this_thread::get_id();
+  if (packets > 0 && by_consumer) consumer = std::this_thread::get_id();
   hurry = unread > 0;  // a backlog: the next batch at once
   lock.unlock();
 
@@ -279,7 +332,7 @@ int64_t DeviceQueue::Take(double timeout_s, uint8_t* dst, int64_t capacity,
     }
   }
   lock.lock();
-  expect_request = requests;
+  if (by_consumer) expect_request = requests;
   if (dropped > 0) {
     finished += dropped;
     bytes -= dropped_bytes;

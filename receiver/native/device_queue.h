@@ -94,6 +94,17 @@ class DeviceQueue {
                IndexEntry* index, int64_t max_packets, int64_t* needed);
   // Marks consumed packets finished and frees their bytes in the bound.
   void Release(int64_t packets, int64_t bytes);
+  // A guest, a thread that waits for the queue to drain (barrier_wait),
+  // takes the next waiting packet to consume it itself, as Take describes
+  // it, when no consumer holds a batch and no host function runs on a
+  // device thread. The guest then claims the queue as a direct run does
+  // (direct_runs.h): the consumer takes nothing until EndGuest. Returns 0,
+  // claiming nothing, when it may not or nothing waits, and with `*needed`
+  // set when the packet is larger than `capacity`.
+  int64_t TakeAsGuest(uint8_t* dst, int64_t capacity, IndexEntry* index,
+                      int64_t* needed);
+  // The guest consumed what it took: releases it, and the claim.
+  void EndGuest(int64_t packets, int64_t bytes);
   // Waits up to `timeout_s` until `target` packets are finished.
   bool WaitFinished(int64_t target, double timeout_s);
 
@@ -126,8 +137,9 @@ class DeviceQueue {
   int finish_waiters = 0;             // threads in WaitFinished
   bool expect_request = false;        // the last batch held one: spin first
   // Host functions run on a device thread (DirectRuns), nested
-  // `direct_depth` deep in `direct_owner`: the consumer takes nothing while
-  // `direct_busy`, unless the owner waits for the consumer (nested request).
+  // `direct_depth` deep in `direct_owner`, or a guest's (TakeAsGuest): the
+  // consumer takes nothing while `direct_busy`, unless the owner waits for
+  // the consumer (nested request).
   bool direct_busy = false;
   int direct_depth = 0;
   std::thread::id direct_owner;
@@ -144,6 +156,12 @@ class DeviceQueue {
 
  private:
   Chunk* ChunkWithRoom(int64_t size);
+  // Under `mu` (held by `lock`, released while it copies): describes up to
+  // `max_packets` waiting packets, as Take does; the consumer's batch when
+  // `by_consumer`, else a guest's.
+  int64_t TakeWaiting(std::unique_lock<std::mutex>& lock, uint8_t* dst,
+                      int64_t capacity, IndexEntry* index,
+                      int64_t max_packets, int64_t* needed, bool by_consumer);
   // Under `mu` (held by `lock`, released while it waits): waits while the
   // queue is over its bound.
   Status WaitForRoom(std::unique_lock<std::mutex>& lock, int64_t size);

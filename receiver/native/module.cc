@@ -220,6 +220,35 @@ PyObject* Take(PyObject*, PyObject* args) {
   });
 }
 
+PyObject* TakeAsGuest(PyObject*, PyObject* args) {
+  long long device_id, capacity;
+  unsigned long long dst, index;
+  if (!PyArg_ParseTuple(args, "LKLK", &device_id, &dst, &capacity, &index)) {
+    return nullptr;
+  }
+  return Guard([&]() -> PyObject* {
+    int64_t count = 0, needed = 0;
+    WithoutGil([&] {
+      count = hub().Queue(device_id)->TakeAsGuest(
+          reinterpret_cast<uint8_t*>(dst), capacity,
+          reinterpret_cast<hcb::IndexEntry*>(index), &needed);
+    });
+    return Py_BuildValue("(LL)", static_cast<long long>(count),
+                         static_cast<long long>(needed));
+  });
+}
+
+PyObject* EndGuest(PyObject*, PyObject* args) {
+  long long device_id, packets, bytes;
+  if (!PyArg_ParseTuple(args, "LLL", &device_id, &packets, &bytes)) {
+    return nullptr;
+  }
+  return Guard([&] {
+    hub().Queue(device_id)->EndGuest(packets, bytes);
+    Py_RETURN_NONE;
+  });
+}
+
 PyObject* WaitFinished(PyObject*, PyObject* args) {
   long long device_id, target;
   double timeout_s;
@@ -420,6 +449,8 @@ PyMethodDef methods[] = {
     {"open_device", OpenDevice, METH_O, nullptr},
     {"release", Release, METH_VARARGS, nullptr},
     {"take", Take, METH_VARARGS, nullptr},
+    {"take_as_guest", TakeAsGuest, METH_VARARGS, nullptr},
+    {"end_guest", EndGuest, METH_VARARGS, nullptr},
     {"wait_finished", WaitFinished, METH_VARARGS, nullptr},
     {"stats", Stats, METH_O, nullptr},
     {"pool_stats", PoolStats, METH_NOARGS, nullptr},

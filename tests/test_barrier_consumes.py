@@ -1,0 +1,144 @@
+"""A barrier runs the taps that wait on a queue no receiver thread is busy
+with on its own thread (`Transport.take_here`), instead of waking that
+thread and waiting for it: in the outfeed mode, a barrier after a step costs
+no hand-off. What must hold: each device's order, nothing taken while a
+receiver thread holds packets, Ctrl-C, and the queue's own rules
+(`PacketQueue`)."""
+
+import threading
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+import pytest
+
+import host_callback as hcb
+from host_callback.receiver.packets import Packet
+from host_callback.receiver.queues import PacketQueue
+
+pytestmark = pytest.mark.usefixtures("outfeed_mode")
+
+_ATTEMPTS = 200  # a receiver thread woken at once may take a tap first
+
+
+def test_barrier_runs_waiting_taps_on_its_own_thread():
+  """Taps that wait when the barrier comes run on the barrier's thread
+  (the receiver thread, woken for them, waits a moment first on the native
+  transport; on the Python one it races the barrier), in order."""
+  received = []
+  tap = jax.jit(lambda x: hcb.id_tap(
+      lambda v, transforms: received.append((int(v), threading.get_ident())),
+      x))
+  tap(jnp.int32(-1))
+  hcb.barrier_wait()
+  received.clear()
+  for i in range(_ATTEMPTS):
+    tap(jnp.int32(i))
+    hcb.barrier_wait()
+    assert [value for value, _ in received] == list(range(i + 1))
+    if received[-1][1] == threading.get_ident():
+      return
+  pytest.fail(f"no tap of {_ATTEMPTS} ran on the barrier's thread")
+
+
+def test_barrier_takes_nothing_while_a_receiver_thread_holds_packets():
+  """The receiver thread runs a slow tap; the taps queued behind it must
+  not start before it has finished, on whichever thread they run."""
+  release = threading.Event()
+  events = []
+
+  def tap(value, transforms):
+    value = int(value)
+    events.append(("start", value))
+    if value == 0:
+      release.wait(10)
+    events.append(("end", value))
+
+  step = jax.jit(lambda x: hcb.id_tap(tap, x))
+  step(jnp.int32(5))  # compile
+  hcb.barrier_wait()
+  events.clear()
+  step(jnp.int32(0))
+  while ("start", 0) not in events:  # the receiver thread runs it
+    threading.Event().wait(0.001)
+  step(jnp.int32(1))
+  step(jnp.int32(2))
+  timer = threading.Timer(0.3, release.set)
+  timer.start()
+  hcb.barrier_wait()
+  timer.join()
+  assert events == [("start", 0), ("end", 0), ("start", 1), ("end", 1),
+                    ("start", 2), ("end", 2)]
+
+
+def test_ctrl_c_in_a_tap_the_barrier_runs_reaches_the_barriers_caller():
+  """A tap that the barrier runs on the main thread and that Ctrl-C stops
+  raises KeyboardInterrupt from barrier_wait; it is not recorded as the
+  tap's error, and the runtime goes on."""
+  interrupted_here = []
+
+  def tap(value, transforms):
+    if threading.current_thread() is threading.main_thread():
+      raise KeyboardInterrupt  # what Ctrl-C raises on the main thread
+
+  step = jax.jit(lambda x: hcb.id_tap(tap, x))
+  for i in range(_ATTEMPTS):
+    step(jnp.int32(i))
+    try:
+      hcb.barrier_wait()
+    except KeyboardInterrupt:
+      interrupted_here.append(i)
+      break
+  assert interrupted_here, f"no tap of {_ATTEMPTS} ran on the barrier's thread"
+  received = []
+  jax.jit(lambda x: hcb.id_tap(lambda v, t: received.append(int(v)), x))(
+      jnp.int32(7))
+  hcb.barrier_wait()  # raises no CallbackException for the interrupt
+  assert received == [7]
+
+
+# --- PacketQueue, the Python transport's queue ---
+
+
+def _packet(value: int) -> Packet:
+  return Packet(consumer_id=1, device_id=0, arrays=[np.int32(value)])
+
+
+def _values(packets):
+  return [int(packet.arrays[0]) for packet in packets]
+
+
+def test_queue_guest_takes_one_packet_and_claims_the_queue():
+  queue = PacketQueue(1 << 20)
+  for value in range(3):
+    queue.put(_packet(value), lambda: None)
+  taken = queue.take_as_guest()
+  assert _values([taken]) == [0]
+  assert queue.take_all(0.01) == []  # claimed: the consumer waits
+  assert queue.take_as_guest() is None  # one guest at a time
+  assert not queue.begin_direct()  # nor a direct run of another request
+  queue.end_guest([taken])
+  assert queue.packets_waiting == 2
+  assert _values(queue.take_all(0.01)) == [1, 2]
+
+
+def test_queue_guest_takes_nothing_while_the_consumer_holds_packets():
+  queue = PacketQueue(1 << 20)
+  queue.put(_packet(0), lambda: None)
+  batch = queue.take_all(0.01)
+  queue.put(_packet(1), lambda: None)
+  assert queue.take_as_guest() is None  # packet 0 is not finished
+  queue.mark_finished(batch[0])
+  taken = queue.take_as_guest()
+  assert _values([taken]) == [1]
+  queue.end_guest([taken])
+  assert queue.packets_waiting == 0
+
+
+def test_queue_guest_takes_nothing_during_a_direct_run():
+  queue = PacketQueue(1 << 20)
+  assert queue.begin_direct()
+  queue.put(_packet(0), lambda: None)  # a tap sent by the direct run
+  assert queue.take_as_guest() is None
+  queue.end_direct()
+  assert _values([queue.take_as_guest()]) == [0]
