@@ -66,11 +66,12 @@ _registrations_lock = threading.Lock()
 
 def _registrations_of(function: HostFunction) -> _Registrations:
   """Created at the first registration; when `function` dies (no jaxpr or
-  executable holds it), its consumers and sites are retired."""
+  executable holds it), its consumers and sites are retired. Not at exit
+  (a finalizer's default): the drain at exit may still run them."""
   registrations = _registrations.get(function)
   if registrations is None:
     registrations = _registrations[function] = _Registrations()
-    weakref.finalize(function, _retire, registrations)
+    weakref.finalize(function, _retire, registrations).atexit = False
   return registrations
 
 

@@ -117,10 +117,20 @@ class Runtime:
         logger.debug("host_callback: receiver started (transports %s; at "
                       "most %d bytes waiting per device)",
                       ", ".join(transports), max_bytes)
-        if not self._at_exit_registered:
-          atexit.register(self._at_exit)
-          self._at_exit_registered = True
+        self._register_at_exit()
       return self._receiver
+
+  def _register_at_exit(self) -> None:
+    """Under `_lock`: the drain at exit runs once a queue opened (a
+    computation of ours was lowered) or a receiver started. A program whose
+    host functions all ran on device threads starts no receiver, and may
+    still have computations in flight at exit, which JAX does not wait for
+    (they carry no JAX effect): their host functions would take the GIL in
+    a finalizing interpreter, which ends their threads, and the process
+    aborts."""
+    if not self._at_exit_registered:
+      atexit.register(self._at_exit)
+      self._at_exit_registered = True
 
   def run_direct(self, consumer_id: int, device_id: int,
                  arrays: List[np.ndarray]) -> Optional[Sequence[np.ndarray]]:
@@ -161,6 +171,8 @@ class Runtime:
     """Opens a device's queue on the transport called `name`."""
     self.transports()[name].open_device(device_id)
     self._opened.add((name, device_id))
+    with self._lock:
+      self._register_at_exit()
 
   def _sent(self) -> Dict[_QueueKey, int]:
     """Packets sent so far by each opened queue. Takes no lock but the

@@ -418,3 +418,33 @@ def test_pending_taps_delivered_at_exit(transport):
   assert "dispatched" in lines
   numbers = [int(line) for line in lines if line != "dispatched"]
   assert numbers == list(range(1000))
+
+
+@pytest.mark.parametrize("mode", ["synchronous", "outfeed"])
+def test_computations_in_flight_at_exit_run_their_taps(transport, mode):
+  """A program whose taps all ran on device threads starts no receiver;
+  sharded computations still run on the client's threads when it ends, and
+  JAX does not wait for them (they carry no JAX effect). The drain at exit
+  waits for them: every tap runs, and the process ends cleanly (it
+  aborted, "exception not rethrown", when their host functions took the
+  GIL of a finalizing interpreter)."""
+  result = run_python("""
+      import sys
+      import jax, jax.numpy as jnp, numpy as np
+      import host_callback as hcb
+
+      mesh = jax.sharding.Mesh(np.array(jax.devices()), ("d",))
+      sharding = jax.sharding.NamedSharding(
+          mesh, jax.sharding.PartitionSpec("d"))
+      step = jax.jit(lambda x: hcb.id_tap(
+          lambda v, transforms: sys.stdout.write(f"{int(v[1])}\\n"), x * 2))
+      xs = [jax.device_put(jnp.arange(8.) + i, sharding) for i in range(3)]
+      jax.block_until_ready(xs)
+      for x in xs:
+        step(x)
+      sys.stdout.write("dispatched\\n")
+      # No barrier_wait: exit must drain.
+      """, env=OUTFEED if mode == "outfeed" else None, transport=transport)
+  assert result.returncode == 0, result.stderr
+  numbers = [line for line in result.stdout.splitlines() if line != "dispatched"]
+  assert numbers == ["2", "4", "6"]
