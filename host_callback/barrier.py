@@ -26,7 +26,7 @@ import functools
 import logging
 import threading
 import time
-from typing import Any, Dict, Optional, Set, Tuple
+from typing import Any, Dict, Optional, Tuple
 
 import jax
 
@@ -145,7 +145,7 @@ class _InFlight:
       if state != last or waiting:
         last, last_change = state, now
       elif now - last_change >= _STALLED_SECONDS:
-        if not probes.finished(_open_devices()):
+        if not probes.finished(runtime.open_device_numbers()):
           last_change = now  # a long computation, still running
         else:
           self._give_up(in_flight, now - last_change)
@@ -228,13 +228,6 @@ def _marker_round() -> bool:
               for key, sent in sent_before.items()))
 
 
-def _open_devices() -> Set[int]:
-  """The devices whose queues are open, on any transport: a computation of
-  ours opens the queues of its devices when it is lowered."""
-  return {device_id for transport in runtime.transports().values()
-          for device_id in transport.device_ids()}
-
-
 def _wait_for_devices() -> None:
   """Waits until every callback of the computations dispatched so far ran.
 
@@ -246,7 +239,7 @@ def _wait_for_devices() -> None:
   computations began that the markers did not account for, quiet rounds
   for _SETTLE_SECONDS are needed, since stragglers may still follow.
   """
-  dispatched = probes.dispatch(_open_devices())
+  dispatched = probes.dispatch(runtime.open_device_numbers())
   if dispatched is not None:
     probes.wait_for(dispatched)
     # A host function that runs JAX code sends more packets, and its own

@@ -8,8 +8,8 @@ import functools
 import itertools
 import threading
 import weakref
-from typing import (Any, Callable, Dict, List, Optional, Sequence, Set, Tuple,
-                    Union)
+from typing import (Any, Callable, Dict, FrozenSet, List, Optional, Sequence,
+                    Set, Tuple, Union)
 
 import jax
 import numpy as np
@@ -83,6 +83,12 @@ def _retire(registrations: _Registrations) -> None:
 def open_device(producer: Transport, device_id: int) -> None:
   """Opens the queue of a device that may send to `producer`."""
   _runtime.open_device(producer.name, device_id)
+
+
+def open_device_numbers() -> FrozenSet[int]:
+  """The devices whose queues are open, on any transport: a computation of
+  ours opens the queues of its devices when it is lowered."""
+  return _runtime.open_device_ids()
 
 
 def _context(function: HostFunction) -> str:
@@ -234,6 +240,8 @@ def raise_recorded_error() -> None:
   the outfeed mode a `call`'s error is, as the original's was.
   """
   errors = _runtime.errors
+  if not errors.pending():
+    return
   if errors.delivered_pending():
     _forget_delivered_errors()
   errors.raise_if_any(

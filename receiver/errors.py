@@ -57,6 +57,11 @@ class ErrorLog:
       else:
         self._last_undelivered = self._last
 
+  def pending(self) -> bool:
+    """Whether an error was recorded since the last `raise_if_any` (read
+    without the lock: one reference)."""
+    return self._last is not None
+
   def delivered_pending(self) -> bool:
     """Whether an error recorded since the last `raise_if_any` failed a
     device computation."""

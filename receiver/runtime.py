@@ -8,8 +8,8 @@ import dataclasses
 import logging
 import os
 import threading
-from typing import (Callable, Deque, Dict, List, Mapping, Optional, Sequence,
-                    Set, Tuple)
+from typing import (Callable, Deque, Dict, FrozenSet, List, Mapping, Optional,
+                    Sequence, Set, Tuple)
 
 import numpy as np
 
@@ -54,6 +54,9 @@ class Runtime:
     self._retired: Deque[_Retired] = collections.deque()
     # The queues opened through `open_device`, readable without a lock.
     self._opened: Set[_QueueKey] = set()
+    # The devices of `_opened`, replaced (not changed) when one opens: read
+    # without a lock on every barrier.
+    self._open_device_ids: FrozenSet[int] = frozenset()
     self._release_lock = threading.Lock()  # one release_retired at a time
     self._make_transports = make_transports
     self._max_bytes = max_bytes
@@ -167,10 +170,16 @@ class Runtime:
                    for name, opened in tuple(self._opened)
                    if opened == device_id and name in transports)
 
+  def open_device_ids(self) -> FrozenSet[int]:
+    """The devices whose queues are open, on any transport."""
+    return self._open_device_ids
+
   def open_device(self, name: str, device_id: int) -> None:
     """Opens a device's queue on the transport called `name`."""
     self.transports()[name].open_device(device_id)
     self._opened.add((name, device_id))
+    if device_id not in self._open_device_ids:
+      self._open_device_ids = self._open_device_ids | {device_id}
     with self._lock:
       self._register_at_exit()
 
