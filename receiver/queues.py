@@ -1,5 +1,6 @@
 """A per-device packet queue bounded in bytes, and the claim that lets a
-device thread run the device's host functions itself."""
+device thread, or a thread that waits for the queue to drain, run the
+device's host functions itself."""
 
 from __future__ import annotations
 
@@ -24,7 +25,9 @@ class PacketQueue:
   functions still run one at a time and in order; a direct run that waits
   for the consumer (a nested request that had to queue) lets it take
   meanwhile (`suspend_direct`). A host function that the consumer runs may
-  make the consumer take again (nested, `take_all`).
+  make the consumer take again (nested, `take_all`). A thread that waits
+  for the queue to drain (a barrier) may likewise take the next packet and
+  consume it itself (`take_as_guest`) when no consumer holds packets.
 
   The queue's condition lock guards every field below it.
   """
@@ -44,6 +47,8 @@ class PacketQueue:
     self._direct_depth = 0
     self._direct_owner: Optional[int] = None
     self._direct_busy = False
+    # A guest's (take_as_guest) packet, not yet finished: it holds the claim.
+    self._guest_packet: Optional[Packet] = None
 
   def put(self, packet: Packet, ensure_consumer: Callable[[], None]) -> None:
     """Appends `packet`, first waiting while the queue is over its bound.
@@ -190,14 +195,20 @@ class PacketQueue:
       self._direct_depth = 1
       self._direct_owner = threading.get_ident()
       self._direct_busy = True
-      return self._packets.popleft()
+      self._guest_packet = self._packets.popleft()
+      return self._guest_packet
 
-  def end_guest(self, packets: List[Packet]) -> None:
-    """The guest consumed `packets`: releases them, and the claim."""
+  def end_guest(self) -> None:
+    """The guest's packet is finished (consumed, or given up when
+    interrupted): releases it, and the claim. Does nothing on a thread
+    that holds no guest's claim."""
     with self._cond:
-      for packet in packets:
-        self._bytes -= packet.nbytes
-        self._finished += 1
+      packet = self._guest_packet
+      if packet is None or self._direct_owner != threading.get_ident():
+        return
+      self._guest_packet = None
+      self._bytes -= packet.nbytes
+      self._finished += 1
       self._direct_depth = 0
       self._direct_owner = None
       self._direct_busy = False

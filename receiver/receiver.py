@@ -133,17 +133,17 @@ class Receiver:
     consumed = 0
     for transport in self.transports.values():
       for device_id in transport.device_ids():
-        while (consumed < limit and not self.is_stopped() and
+        taken = True
+        while (taken and consumed < limit and not self.is_stopped() and
                transport.packets_waiting(device_id)):
-          packets = transport.take_here(device_id)
-          if not packets:
-            break
           try:
+            packets = transport.take_here(device_id)
             with consumer_thread():
               for packet in packets:
                 self._consume(packet, raise_interrupt=True)
           finally:
-            transport.finish_here(device_id, packets)
+            transport.finish_here(device_id)  # also when interrupted
+          taken = bool(packets)
           consumed += len(packets)
     return consumed > 0
 

@@ -86,9 +86,10 @@ class Transport(Producer, Protocol):
     none of its host functions runs, and then the device's queue is claimed
     (the consumer takes nothing) until `finish_here`. Empty otherwise."""
 
-  def finish_here(self, device_id: int, packets: List[Packet]) -> None:
-    """The packets `take_here` returned are consumed: releases them, and
-    the claim."""
+  def finish_here(self, device_id: int) -> None:
+    """What this thread took with `take_here` is finished (consumed, or
+    given up when interrupted): releases it, and the claim. Does nothing
+    when the thread holds no such claim."""
 
   def packets_sent(self, device_id: int) -> int:
     """How many packets the device has ever sent."""

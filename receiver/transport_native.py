@@ -110,8 +110,8 @@ class _Device:
 
   def take_as_guest(self) -> Tuple[np.ndarray, List[List[int]]]:
     """The next waiting packet's bytes and index rows (none or one), taken
-    by a guest (`NativeTransport.take_here`); once its packet is finished,
-    `end_guest` must follow. Lighter than `take` for one packet."""
+    by a guest (`NativeTransport.take_here`), which the extension's
+    `end_guest` finishes: none of `take`'s accounting."""
     buffer = self._buffer(MIN_BUFFER_BYTES)
     while True:
       count, needed = native.take_as_guest(
@@ -120,16 +120,21 @@ class _Device:
         break
       buffer = self._buffer(needed)
     rows = self._index[:count].tolist()
-    if not rows:
-      return np.empty(0, np.uint8), rows
-    self.batches.append([count, count, sum(row[3] for row in rows)])
     copied = any(not row[4] for row in rows)  # not lent in a block
     return (buffer.lend() if copied else np.empty(0, np.uint8)), rows
 
-  def end_guest(self) -> None:
-    """Releases the guest's finished packet, and its claim on the queue."""
-    native.end_guest(self.device_id, self.finished, self.finished_bytes)
-    self.finished = self.finished_bytes = 0
+
+class _DroppedByGuest:
+  """What `decode` tells of a guest's packet that it drops: nothing needs
+  counting, since `end_guest` finishes all that the guest took."""
+
+  __slots__ = ("device_id",)
+
+  def __init__(self, device_id: int) -> None:
+    self.device_id = device_id
+
+  def finish_one(self) -> None:
+    pass
 
 
 class NativeTransport:
@@ -148,10 +153,8 @@ class NativeTransport:
     self._devices: Dict[int, _Device] = {}
     self._listener: Optional[Callable[[int], None]] = None
     self._max_bytes = 0
-    # The guest side of each device queue (take_here), used by the thread
-    # that holds `_guest_lock`.
-    self._guest_lock = threading.Lock()
-    self._guests: Dict[int, _Device] = {}
+    # Each thread's buffers for taking as a guest (take_here), by device.
+    self._guests = threading.local()
     # A device that waits on Python's main thread checks for Ctrl-C.
     native.set_interrupt_thread(threading.main_thread().ident or 0)
 
@@ -244,29 +247,28 @@ class NativeTransport:
       pass
 
   def take_here(self, device_id: int) -> List[Packet]:
-    # One guest at a time: another one, for now, waits for the consumer.
-    if device_id not in self._devices or not self._guest_lock.acquire(False):
+    if device_id not in self._devices:
       return []
-    guest = self._guests.get(device_id)
-    if guest is None:
-      guest = self._guests[device_id] = _Device(device_id)
-    data, rows = guest.take_as_guest()
-    if not rows:  # nothing taken, nothing claimed
-      self._guest_lock.release()
-      return []
-    packets = decode(data, rows, guest)
-    if not packets:  # dropped, and finished as such
-      self.finish_here(device_id, packets)
+    try:
+      data, rows = self._guest(device_id).take_as_guest()
+      packets = decode(data, rows, _DroppedByGuest(device_id)) if rows else []
+    except BaseException:
+      native.end_guest(device_id)
+      raise
+    if not packets:  # nothing taken, or dropped
+      native.end_guest(device_id)
     return packets
 
-  def finish_here(self, device_id: int, packets: List[Packet]) -> None:
-    guest = self._guests[device_id]
-    try:
-      for _ in packets:
-        guest.finish_one()
-      guest.end_guest()
-    finally:
-      self._guest_lock.release()
+  def finish_here(self, device_id: int) -> None:
+    native.end_guest(device_id)
+
+  def _guest(self, device_id: int) -> _Device:
+    """The calling thread's buffers for taking as a guest from a queue."""
+    guests = self._guests.__dict__.setdefault("by_device", {})
+    guest = guests.get(device_id)
+    if guest is None:
+      guest = guests[device_id] = _Device(device_id)
+    return guest
 
   def packets_sent(self, device_id: int) -> int:
     return native.stats(device_id)[3]

@@ -224,8 +224,8 @@ class PythonTransport:
     packet = self._queue(device_id).take_as_guest()
     return [] if packet is None else [packet]
 
-  def finish_here(self, device_id: int, packets: List[Packet]) -> None:
-    self._queue(device_id).end_guest(packets)
+  def finish_here(self, device_id: int) -> None:
+    self._queue(device_id).end_guest()
 
   def packets_sent(self, device_id: int) -> int:
     return self._queue(device_id).packets_sent

@@ -117,7 +117,7 @@ def test_queue_guest_takes_one_packet_and_claims_the_queue():
   assert queue.take_all(0.01) == []  # claimed: the consumer waits
   assert queue.take_as_guest() is None  # one guest at a time
   assert not queue.begin_direct()  # nor a direct run of another request
-  queue.end_guest([taken])
+  queue.end_guest()
   assert queue.packets_waiting == 2
   assert _values(queue.take_all(0.01)) == [1, 2]
 
@@ -131,8 +131,23 @@ def test_queue_guest_takes_nothing_while_the_consumer_holds_packets():
   queue.mark_finished(batch[0])
   taken = queue.take_as_guest()
   assert _values([taken]) == [1]
-  queue.end_guest([taken])
+  queue.end_guest()
   assert queue.packets_waiting == 0
+
+
+def test_queue_guest_ends_only_its_own_claim():
+  queue = PacketQueue(1 << 20)
+  queue.put(_packet(0), lambda: None)
+  queue.end_guest()  # no claim: nothing happens
+  taken = queue.take_as_guest()
+  other = threading.Thread(target=queue.end_guest)
+  other.start()
+  other.join()
+  assert queue.packets_waiting == 1  # still the guest's
+  queue.end_guest()
+  queue.end_guest()  # once only
+  assert queue.packets_waiting == 0
+  assert taken is not None
 
 
 def test_queue_guest_takes_nothing_during_a_direct_run():

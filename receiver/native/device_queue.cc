@@ -213,23 +213,30 @@ int64_t DeviceQueue::TakeAsGuest(uint8_t* dst, int64_t capacity,
   }
   // Claimed before TakeWaiting unlocks: the consumer takes nothing after
   // the guest's packet until the guest has consumed it.
+  guest = true;
   direct_depth = 1;
   direct_owner = std::this_thread::get_id();
   direct_busy = true;
   const int64_t count = TakeWaiting(lock, dst, capacity, index,
                                     /*max_packets=*/1, needed,
                                     /*by_consumer=*/false);
+  guest_packets = count;
+  guest_bytes = 0;
+  for (int64_t i = 0; i < count; ++i) guest_bytes += index[i].size;
   if (count == 0) {  // too large for `dst`, or dropped: nothing to consume
     lock.unlock();
-    EndGuest(0, 0);
+    EndGuest();
   }
   return count;
 }
 
-void DeviceQueue::EndGuest(int64_t packets, int64_t released_bytes) {
+void DeviceQueue::EndGuest() {
   std::lock_guard<std::mutex> lock(mu);
-  finished += packets;
-  bytes -= released_bytes;
+  if (!guest || direct_owner != std::this_thread::get_id()) return;
+  finished += guest_packets;
+  bytes -= guest_bytes;
+  guest = false;
+  guest_packets = guest_bytes = 0;
   direct_depth = 0;
   direct_owner = std::thread::id();
   direct_busy = false;

@@ -103,8 +103,10 @@ class DeviceQueue {
   // set when the packet is larger than `capacity`.
   int64_t TakeAsGuest(uint8_t* dst, int64_t capacity, IndexEntry* index,
                       int64_t* needed);
-  // The guest consumed what it took: releases it, and the claim.
-  void EndGuest(int64_t packets, int64_t bytes);
+  // On the guest's thread: what it took is finished (consumed, or given up
+  // by an interrupted guest), and the claim ends. Does nothing elsewhere,
+  // or when the thread holds no guest's claim.
+  void EndGuest();
   // Waits up to `timeout_s` until `target` packets are finished.
   bool WaitFinished(int64_t target, double timeout_s);
 
@@ -143,6 +145,11 @@ class DeviceQueue {
   bool direct_busy = false;
   int direct_depth = 0;
   std::thread::id direct_owner;
+  // The claim is a guest's (TakeAsGuest), who took these and has not
+  // finished them.
+  bool guest = false;
+  int64_t guest_packets = 0;
+  int64_t guest_bytes = 0;
   // The consumer thread while it consumes a taken batch (until its next Take).
   std::thread::id consumer;
   int64_t bytes = 0;                  // pushed and not yet released

@@ -34,7 +34,7 @@ namespace {
 
 // Bumped whenever a function's signature below changes (the module's
 // ABI_VERSION, which receiver/native_library.py checks).
-constexpr int kAbiVersion = 9;
+constexpr int kAbiVersion = 10;
 
 hcb::Hub& hub() { return hcb::Hub::Get(); }
 
@@ -238,13 +238,11 @@ PyObject* TakeAsGuest(PyObject*, PyObject* args) {
   });
 }
 
-PyObject* EndGuest(PyObject*, PyObject* args) {
-  long long device_id, packets, bytes;
-  if (!PyArg_ParseTuple(args, "LLL", &device_id, &packets, &bytes)) {
-    return nullptr;
-  }
+PyObject* EndGuest(PyObject*, PyObject* arg) {
+  const long long device_id = PyLong_AsLongLong(arg);
+  if (PyErr_Occurred()) return nullptr;
   return Guard([&] {
-    hub().Queue(device_id)->EndGuest(packets, bytes);
+    hub().Queue(device_id)->EndGuest();
     Py_RETURN_NONE;
   });
 }
@@ -450,7 +448,7 @@ PyMethodDef methods[] = {
     {"release", Release, METH_VARARGS, nullptr},
     {"take", Take, METH_VARARGS, nullptr},
     {"take_as_guest", TakeAsGuest, METH_VARARGS, nullptr},
-    {"end_guest", EndGuest, METH_VARARGS, nullptr},
+    {"end_guest", EndGuest, METH_O, nullptr},
     {"wait_finished", WaitFinished, METH_VARARGS, nullptr},
     {"stats", Stats, METH_O, nullptr},
     {"pool_stats", PoolStats, METH_NOARGS, nullptr},
