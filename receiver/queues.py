@@ -10,6 +10,10 @@ from typing import Callable, Deque, List, Optional
 
 from .packets import POLL_SECONDS, Packet
 
+# How long a consumer woken for taps on an empty queue waits before it takes
+# them, as the native one does (device_queue.cc:kGuestGrace).
+GUEST_GRACE_SECONDS = 200e-6
+
 
 class PacketQueue:
   """FIFO of packets from one device, holding at most `max_bytes` waiting.
@@ -101,6 +105,10 @@ class PacketQueue:
     with self._cond:
       if not self._takeable(me):
         self._cond.wait(timeout)
+        if self._takeable(me) and all(p.reply is None for p in self._packets):
+          # Woken for taps: a barrier that waits for them may run them on
+          # its own thread (take_as_guest) sooner than this one could.
+          self._cond.wait(GUEST_GRACE_SECONDS)
       if not self._takeable(me):
         return []
       batch = list(self._packets)
