@@ -519,7 +519,11 @@ def main() -> None:
                 "at several numbers of live arrays, beside "
                 "`jax.effects_barrier()`, and a training loop with a barrier "
                 "every step against the same loop without it (ratio above "
-                "0.98: within 2%).\n\n" + barrier_table + "\n")
+                "0.98: within 2%) and with `block_until_ready` of each "
+                "step's output instead, the least any wait for a step's tap "
+                "costs; the three loops take turns, so that the machine's "
+                "drift reaches all of them. On a 2-core VM these ratios move "
+                "by 0.1 from run to run.\n\n" + barrier_table + "\n")
 
 
 if __name__ == "__main__":

@@ -102,21 +102,24 @@ def _training_step() -> Tuple[Callable, jax.Array]:
   return step, jnp.ones((256, 256), jnp.float32)
 
 
-def _loop_time(step: Callable, x: jax.Array, steps: int, repeat: int,
-               wait: Callable[[jax.Array], None]) -> float:
-  """Median ms per step of `steps` calls of `step`, with `wait(output)`
-  after each one."""
-  times = []
+def _loop_times(step: Callable, x: jax.Array, steps: int, repeat: int,
+                waits: Dict[str, Callable[[jax.Array], None]]
+                ) -> Dict[str, float]:
+  """Median ms per step of `steps` calls of `step`, with `waits[name](output)`
+  after each one, for each name. The loops take turns in each repeat, so
+  that the machine's drift (large on a small VM) reaches all of them."""
+  times: Dict[str, List[float]] = {name: [] for name in waits}
   for _ in range(repeat):
-    start = time.perf_counter()
-    y = x
-    for _ in range(steps):
-      _, y = step(y)
-      wait(y)
-    jax.block_until_ready(y)
-    hcb.barrier_wait()
-    times.append(1e3 * (time.perf_counter() - start) / steps)
-  return sorted(times)[len(times) // 2]
+    for name, wait in waits.items():
+      start = time.perf_counter()
+      y = x
+      for _ in range(steps):
+        _, y = step(y)
+        wait(y)
+      jax.block_until_ready(y)
+      hcb.barrier_wait()
+      times[name].append(1e3 * (time.perf_counter() - start) / steps)
+  return {name: sorted(t)[len(t) // 2] for name, t in times.items()}
 
 
 def training_loop_rows(transports: List[str], steps: int, arrays: int,
@@ -137,15 +140,12 @@ def training_loop_rows(transports: List[str], steps: int, arrays: int,
                   f"{mode})")
       if not wanted(scenario):
         continue
-      def loop(wait: Callable[[jax.Array], None], steps: int = steps,
-               repeat: int = repeat) -> float:
+      waits = {f"hcb[{t}]": lambda y: hcb.barrier_wait(), "no barrier": _noop,
+               "block_until_ready": jax.block_until_ready}
+      def loops(steps: int, repeat: int) -> Dict[str, float]:
         return _in_mode(t, synchronous,
-                        lambda: _loop_time(step, x, steps, repeat, wait))
-      loop(_noop, steps=20, repeat=1)  # compile and warm up
-      without = loop(_noop)
-      ready = loop(jax.block_until_ready)
-      rows.append((scenario, "ms", {
-          f"hcb[{t}]": loop(lambda y: hcb.barrier_wait()),
-          "no barrier": without, "block_until_ready": ready}))
+                        lambda: _loop_times(step, x, steps, repeat, waits))
+      loops(steps=20, repeat=1)  # compile and warm up
+      rows.append((scenario, "ms", loops(steps, repeat)))
   del held
   return rows
