@@ -20,8 +20,8 @@ when its dispatch returns. A probe over two local devices shows it for the
 computations over several devices. This costs a dispatch per device (3-4
 µs: compiled once, a probe is dispatched without a jitted call's argument
 handling), and one more once a computation of ours over several devices
-was lowered (30-100 µs: such a computation always runs on the client's
-threads).
+was lowered (70-110 µs on 2 cores: such a computation always runs on the
+client's threads).
 """
 
 from __future__ import annotations

@@ -7,8 +7,8 @@ from typing import Callable, Dict, List, Optional, Sequence, Tuple
 
 import numpy as np
 
-from .packets import (POLL_SECONDS, DirectRun, DirectRunError, Packet,
-                      ReceiverStopped, Reply, device_error)
+from .packets import (DirectRun, DirectRunError, Packet, ReceiverStopped,
+                      Reply, device_error)
 from .queues import PacketQueue
 from .transport import QueueStats
 
@@ -50,6 +50,7 @@ class PythonTransport:
     self._attached = False
     self._restart: Optional[Callable[[], None]] = None
     self._direct: Optional[DirectRun] = None
+    self._nested: Optional[Callable[[int], None]] = None
 
   # --- Producer: what the lowering and the device use ---
 
@@ -92,12 +93,14 @@ class PythonTransport:
       finally:
         queue.end_direct()
     reply = Reply()
-    if run is not None and queue.is_consumer():
+    consume_nested = self._nested
+    if consume_nested is not None and queue.is_consumer():
       # A host function of this device runs JAX code: its consumer (this
-      # thread) runs the queue up to the request, as it would have.
+      # thread) runs the queue up to the request, as it would have, first
+      # what it took and has not run yet.
       self._put(device_id, site, arrays, reply)
       while not reply.done:
-        self._consume_here(run, queue)
+        consume_nested(device_id)
       return reply.wait(self._ensure_receiver)
     suspended = queue.suspend_direct()  # the consumer may answer
     try:
@@ -118,21 +121,6 @@ class PythonTransport:
       # Chained as a reply's error is (device_error sets any __cause__).
       raise device_error(failure.error, failure.context)  # pylint: disable=raise-missing-from
     return result if result is not None else ()
-
-  @staticmethod
-  def _consume_here(run: DirectRun, queue: PacketQueue) -> None:
-    """Consumes the next batch of `queue` on this thread, which is its
-    consumer (see `Receiver._consume`)."""
-    for packet in queue.take_all(POLL_SECONDS):
-      try:
-        result = run(packet.consumer_id, packet.device_id, packet.arrays)
-      except DirectRunError as failure:
-        if packet.reply is not None:
-          packet.reply.set_error(failure.error, failure.context)
-      else:
-        if packet.reply is not None:
-          packet.reply.set_result(result if result is not None else ())
-      queue.mark_finished(packet)
 
   def _put(self, device_id: int, site: int, arrays: Sequence[np.ndarray],
            reply: Optional[Reply]) -> None:
@@ -176,12 +164,20 @@ class PythonTransport:
   def clear_restart_hook(self) -> None:
     self._restart = None
     self._direct = None  # requests need a receiver, and fail without one
+    self._nested = None
     self.wake_all()  # waiting senders give up
 
   def set_direct_runner(self, run: DirectRun) -> None:
     """Lets a device thread run a request's host function itself, with
     `run(consumer_id, device_id, arrays)`, when its queue allows it."""
     self._direct = run
+
+  def set_nested_consumer(self, consume: Callable[[int], None]) -> None:
+    """Lets a device's consumer thread serve a request it makes of that
+    device (a host function running JAX code): `consume(device_id)`
+    consumes, in the device's order, what the thread has taken and not yet
+    consumed, else the next batch."""
+    self._nested = consume
 
   def attach(self, max_bytes: int, listener: Callable[[int], None]) -> None:
     with self._lock:
