@@ -154,9 +154,7 @@ class PacketQueue:
         return False
       if self._enqueued != self._finished:
         return False  # queued packets come first
-      self._direct_depth += 1
-      self._direct_owner = me
-      self._direct_busy = True
+      self._claim()
       return True
 
   def end_direct(self) -> None:
@@ -164,9 +162,20 @@ class PacketQueue:
     with self._cond:
       self._direct_depth -= 1
       if not self._direct_depth:
-        self._direct_owner = None
-        self._direct_busy = False
-        self._cond.notify_all()
+        self._release_claim()
+
+  def _claim(self) -> None:
+    """The calling thread claims the device, or deepens its claim (a direct
+    run, or a guest): the consumer takes nothing meanwhile."""
+    self._direct_depth += 1
+    self._direct_owner = threading.get_ident()
+    self._direct_busy = True
+
+  def _release_claim(self) -> None:
+    self._direct_depth = 0
+    self._direct_owner = None
+    self._direct_busy = False
+    self._cond.notify_all()
 
   def suspend_direct(self) -> bool:
     """Lets the consumer take while the calling thread, which runs a host
@@ -200,9 +209,7 @@ class PacketQueue:
     with self._cond:
       if self._direct_depth or self._taken or not self._packets:
         return None
-      self._direct_depth = 1
-      self._direct_owner = threading.get_ident()
-      self._direct_busy = True
+      self._claim()
       self._guest_packet = self._packets.popleft()
       return self._guest_packet
 
@@ -217,10 +224,7 @@ class PacketQueue:
       self._guest_packet = None
       self._bytes -= packet.nbytes
       self._finished += 1
-      self._direct_depth = 0
-      self._direct_owner = None
-      self._direct_busy = False
-      self._cond.notify_all()
+      self._release_claim()
 
   # --- Statistics and waits ---
 

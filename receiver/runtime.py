@@ -96,12 +96,10 @@ class Runtime:
         transports = dict(self._make_transports())
         for transport in transports.values():
           transport.set_restart_hook(self.receiver)
-          if hasattr(transport, "set_direct_runner"):
-            transport.set_direct_runner(self.run_direct)
-          if hasattr(transport, "set_nested_consumer"):
-            transport.set_nested_consumer(
-                lambda device_id, transport=transport:
-                self.receiver().consume_nested(transport, device_id))
+          transport.set_direct_runner(self.run_direct)
+          transport.set_nested_consumer(
+              lambda device_id, transport=transport:
+              self.receiver().consume_nested(transport, device_id))
         self._transports = transports
       return self._transports
 

@@ -12,7 +12,7 @@ from typing import Callable, List, Protocol, Sequence, Tuple
 
 import numpy as np
 
-from .packets import Packet
+from .packets import DirectRun, Packet
 
 
 @dataclasses.dataclass(frozen=True)
@@ -59,6 +59,16 @@ class Transport(Producer, Protocol):
 
   def clear_restart_hook(self) -> None:
     """From now on a device that needs a receiver fails instead."""
+
+  def set_direct_runner(self, run: DirectRun) -> None:
+    """Lets a device whose queue allows it run a request's host function on
+    its own thread: `run(consumer_id, device_id, arrays)`."""
+
+  def set_nested_consumer(self, consume: Callable[[int], None]) -> None:
+    """Lets a device's consumer thread serve a request it makes of that
+    device (a host function running JAX code): `consume(device_id)`
+    consumes, in the device's order, what the thread has taken and not yet
+    consumed, else the next batch."""
 
   def attach(self, max_bytes: int, listener: Callable[[int], None]) -> None:
     """A receiver starts: `listener(device_id)` runs for every device queue,

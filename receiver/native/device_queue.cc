@@ -214,9 +214,7 @@ int64_t DeviceQueue::TakeAsGuest(uint8_t* dst, int64_t capacity,
   // Claimed before TakeWaiting unlocks: the consumer takes nothing after
   // the guest's packet until the guest has consumed it.
   guest = true;
-  direct_depth = 1;
-  direct_owner = std::this_thread::get_id();
-  direct_busy = true;
+  Claim();
   const int64_t count = TakeWaiting(lock, dst, capacity, index,
                                     /*max_packets=*/1, needed,
                                     /*by_consumer=*/false);
@@ -237,14 +235,8 @@ void DeviceQueue::EndGuest() {
   bytes -= guest_bytes;
   guest = false;
   guest_packets = guest_bytes = 0;
-  direct_depth = 0;
-  direct_owner = std::thread::id();
-  direct_busy = false;
   changed.notify_all();
-  if (unread > 0) {  // arrived meanwhile: the consumer's, at once
-    hurry = true;
-    WakeConsumer();
-  }
+  ReleaseClaim();
 }
 
 int64_t DeviceQueue::TakeWaiting(std::unique_lock<std::mutex>& lock,

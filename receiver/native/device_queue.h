@@ -110,6 +110,24 @@ class DeviceQueue {
   // Waits up to `timeout_s` until `target` packets are finished.
   bool WaitFinished(int64_t target, double timeout_s);
 
+  // Under `mu`: the calling thread claims the device, or deepens its claim
+  // (a direct run, or a guest): the consumer takes nothing meanwhile.
+  void Claim() {
+    if (direct_depth++ == 0) direct_owner = std::this_thread::get_id();
+    direct_busy = true;
+  }
+  // Under `mu`: the last claim ends; the consumer takes again, at once if
+  // packets arrived meanwhile.
+  void ReleaseClaim() {
+    direct_depth = 0;
+    direct_owner = std::thread::id();
+    direct_busy = false;
+    if (unread > 0) {
+      hurry = true;
+      WakeConsumer();
+    }
+  }
+
   // Under `mu`: wakes the consumer if it sleeps on an empty queue, or if it
   // paces itself and the queue is in a hurry.
   void WakeConsumer() {

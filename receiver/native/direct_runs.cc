@@ -18,20 +18,14 @@ bool BeginDirect(DeviceQueue* queue) {
   // Finished counts lag until the consumer's next Take: a consumer between
   // batches still counts as busy, so order with queued packets holds.
   if (queue->enqueued != queue->finished) return false;
-  if (queue->direct_depth++ == 0) queue->direct_owner = me;
-  queue->direct_busy = true;
+  queue->Claim();
   return true;
 }
 
 void EndDirect(DeviceQueue* queue) {
   std::lock_guard<std::mutex> lock(queue->mu);
   if (--queue->direct_depth > 0) return;
-  queue->direct_busy = false;
-  // Wake the consumer only for packets that arrived meanwhile.
-  if (queue->unread > 0) {
-    queue->hurry = true;
-    queue->WakeConsumer();
-  }
+  queue->ReleaseClaim();
 }
 
 }  // namespace
