@@ -14,6 +14,7 @@ import jax
 import numpy as np
 
 from . import barrier, lowering, primitive, runtime  # noqa: F401 (lowering: registers)
+from .devices import most_devices
 from .host_functions import HostFunction, interned
 from .printing import Printer
 from .receiver import QueueStats
@@ -132,7 +133,7 @@ def _device_index(device_index: Any, api: str) -> int:
     raise TypeError(
         f"host_callback.{api}: device_index must be an int, got "
         f"{type(device_index).__name__}: {device_index!r}") from None
-  count = jax.device_count()
+  count = most_devices()
   if not 0 <= index < count:
     raise ValueError(
         f"host_callback.{api}: device_index={index} is out of range; "

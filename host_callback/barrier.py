@@ -145,7 +145,8 @@ class _InFlight:
       if state != last or waiting:
         last, last_change = state, now
       elif now - last_change >= _STALLED_SECONDS:
-        if not probes.finished(runtime.open_device_numbers()):
+        # Only computations on CPU count their executions.
+        if not probes.cpu_finished(runtime.open_device_numbers()):
           last_change = now  # a long computation, still running
         else:
           self._give_up(in_flight, now - last_change)
@@ -239,9 +240,12 @@ def _wait_for_devices() -> None:
   computations began that the markers did not account for, quiet rounds
   for _SETTLE_SECONDS are needed, since stragglers may still follow.
   """
-  dispatched = probes.dispatch(runtime.open_device_numbers())
-  if dispatched is not None:
-    probes.wait_for(dispatched)
+  dispatched, covered = probes.dispatch(runtime.open_device_numbers())
+  # With a device that is not a CPU, the CPU probes still cover what a
+  # marker on a CPU device cannot see: a computation over several devices
+  # whose inputs were not ready.
+  probes.wait_for(dispatched)
+  if covered:
     # A host function that runs JAX code sends more packets, and its own
     # may finish first: wait until every queue is drained. What waits on a
     # queue that no receiver thread is busy with runs here, at once.

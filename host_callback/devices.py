@@ -8,6 +8,7 @@ GPU 0 on a machine with one GPU), and a program may use both.
 
 from __future__ import annotations
 
+import collections
 import functools
 from typing import Any, Dict, List
 
@@ -35,6 +36,15 @@ def _devices() -> Dict[int, Any]:
 def device_by_number(number: int) -> Any:
   """The jax.Device whose number is `number`."""
   return _devices()[number]
+
+
+def most_devices() -> int:
+  """The most devices of one platform that a computation can use here: the
+  default backend's or the CPU's (a GPU machine has one GPU and several CPU
+  devices with --xla_force_host_platform_device_count)."""
+  per_platform = collections.Counter(
+      device.platform for device in _devices().values())
+  return max(per_platform.values())
 
 
 def local_devices_by_number() -> Dict[int, Any]:

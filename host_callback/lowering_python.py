@@ -6,7 +6,9 @@ from __future__ import annotations
 from typing import Any, Callable, List, Sequence
 
 import jax
+import jax.numpy as jnp
 import numpy as np
+from jax.interpreters import mlir
 
 from . import _jax_adapter as adapter
 from . import executions, runtime
@@ -49,6 +51,41 @@ def _failing_the_execution(host_side: Callable, on_failure: Any) -> Callable:
   return run
 
 
+# JAX's GPU callbacks size a packed sub-byte array by its bits rounded down
+# to whole bytes (jaxlib/gpu/py_client_gpu.cc): an int4[7] loses its last
+# element each way (seen on an H200, jax 0.11.2). Off CPU, sub-byte operands
+# and results therefore cross the callback widened to a byte per element;
+# the conversions are exact.
+_WIDER = {np.dtype(narrow): np.dtype(wide) for narrow, wide in (
+    (jnp.int4, np.int8), (jnp.uint4, np.uint8), (jnp.int2, np.int8),
+    (jnp.uint2, np.uint8), (jnp.float4_e2m1fn, np.float16))}
+
+
+def widens_subbyte(platforms: Sequence[str]) -> bool:
+  """Whether sub-byte arrays cross the callbacks of a computation for
+  `platforms` widened to a byte (anywhere but on CPU)."""
+  return any(platform != "cpu" for platform in platforms)
+
+
+def _widened(avals: Sequence[Any]) -> List[Any]:
+  return [aval.update(dtype=_WIDER.get(np.dtype(aval.dtype), aval.dtype))
+          for aval in avals]
+
+
+def _converted(ctx: Any, values: Sequence[Any], avals: Sequence[Any],
+               to_avals: Sequence[Any]) -> List[Any]:
+  """`values` (of `avals`) converted to `to_avals` where the dtypes differ."""
+  return [value if aval.dtype == to.dtype else
+          hlo.convert(mlir.aval_to_ir_type(ctx.module_context, to), value)
+          for value, aval, to in zip(values, avals, to_avals)]
+
+
+def _as_dtypes(arrays: Sequence[Any], dtypes: Sequence[Any]) -> List[Any]:
+  """`arrays` on the host, as `dtypes` where they differ."""
+  return [array if array.dtype == dtype else np.asarray(array).astype(dtype)
+          for array, dtype in zip(arrays, dtypes)]
+
+
 def emit(ctx: Any, place: adapter.ExecutionPlace, kind: Kind,
          operands: Sequence[Any], operand_avals: Sequence[Any],
          result_avals: Sequence[Any], site: int) -> List[Any]:
@@ -56,24 +93,39 @@ def emit(ctx: Any, place: adapter.ExecutionPlace, kind: Kind,
   the host's reply, a TAP_SYNC returns once the host function ran."""
   extra, extra_avals, decode = _device_id_source(place)
   transport = runtime.transport("python")
+  sent_avals, returned_avals = operand_avals, result_avals
+  received, answer = decode, tuple
+  if widens_subbyte(ctx.module_context.platforms):
+    sent_avals, returned_avals = _widened(operand_avals), _widened(result_avals)
+    operands = _converted(ctx, operands, operand_avals, sent_avals)
+    operand_dtypes = [aval.dtype for aval in operand_avals]
+    returned_dtypes = [aval.dtype for aval in returned_avals]
+
+    def received(arrays):
+      device_id, values = decode(arrays)
+      return device_id, _as_dtypes(values, operand_dtypes)
+
+    def answer(results):
+      return tuple(_as_dtypes(results, returned_dtypes))
 
   if kind is Kind.TAP:
     def host_side(*arrays):
-      device_id, values = decode(arrays)
+      device_id, values = received(arrays)
       transport.send(device_id, site, values)
       return ()
   elif kind is Kind.CALL:
     def host_side(*arrays):
-      device_id, values = decode(arrays)
-      return tuple(transport.request(device_id, site, values))
+      device_id, values = received(arrays)
+      return answer(transport.request(device_id, site, values))
   else:
     def host_side(*arrays):
-      device_id, values = decode(arrays)
+      device_id, values = received(arrays)
       transport.request(device_id, site, values)
       return ()
 
   host_side = _failing_the_execution(host_side, executions.failed(ctx))
   results = adapter.emit_python_callback(
-      ctx, host_side, [*extra, *operands], [*extra_avals, *operand_avals],
-      result_avals, adapter.op_sharding(ctx, place, result_avals))
+      ctx, host_side, [*extra, *operands], [*extra_avals, *sent_avals],
+      returned_avals, adapter.op_sharding(ctx, place, returned_avals))
+  results = _converted(ctx, results, returned_avals, result_avals)
   return adapter.replicate_results(ctx, results, result_avals)

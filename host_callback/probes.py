@@ -28,7 +28,7 @@ from __future__ import annotations
 
 import functools
 import threading
-from typing import Any, Iterable, List, Optional, Sequence
+from typing import Any, Iterable, List, Optional, Sequence, Tuple
 
 import jax
 import jax.numpy as jnp
@@ -68,38 +68,42 @@ def _probe_on(device_number: int) -> Optional[Any]:
 def _probe_across_two_cpus() -> Optional[Any]:
   """The probe over two local CPU devices, the fewest that make a
   computation over several devices (their order is client-wide)."""
-  devices = list(local_devices_by_number().values())[:2]
-  if len(devices) < 2 or any(d.platform != "cpu" for d in devices):
+  local = local_devices_by_number()
+  devices = [local[number] for number in sorted(local)
+             if local[number].platform == "cpu"][:2]
+  if len(devices) < 2:
     return None
   mesh = jax.sharding.Mesh(np.array(devices), ("probe",))
   return _compiled_probe(jax.sharding.NamedSharding(
       mesh, jax.sharding.PartitionSpec("probe")))
 
 
-def dispatch(device_numbers: Iterable[int]) -> Optional[List[Any]]:
-  """Dispatches a probe on each of these local devices, and one over two
-  devices once a computation of ours over several devices was lowered:
-  when they have all finished, every computation dispatched so far by this
-  thread to these devices has finished. None where that cannot be told
-  (a device that is not a CPU)."""
-  dispatched = []
+def dispatch(device_numbers: Iterable[int]) -> Tuple[List[Any], bool]:
+  """Dispatches a probe on each local CPU device among these, and one over
+  two CPU devices once a computation of ours over several devices was
+  lowered: when they have all finished, every computation dispatched so
+  far by this thread to those CPU devices has finished. Also returns
+  whether that covers every device given (False when one is not a CPU:
+  elsewhere computations are asynchronous, and nothing runs inline)."""
+  dispatched, covered = [], True
   for number in device_numbers:
     probe = _probe_on(number)
     if probe is None:
-      return None
-    dispatched.append(adapter.execute_without_arguments(probe))
+      covered = False
+    else:
+      dispatched.append(adapter.execute_without_arguments(probe))
   if _multi_device_lowered.is_set():
     probe = _probe_across_two_cpus()
     if probe is not None:
       dispatched.append(adapter.execute_without_arguments(probe))
-  return dispatched
+  return dispatched, covered
 
 
-def finished(device_numbers: Iterable[int]) -> bool:
-  """Whether every computation that this thread dispatched so far to these
-  local devices has finished (False where that cannot be told)."""
-  dispatched = dispatch(device_numbers)
-  return dispatched is not None and all(
+def cpu_finished(device_numbers: Iterable[int]) -> bool:
+  """Whether every computation that this thread dispatched so far to the
+  CPU devices among these local devices has finished."""
+  dispatched, _ = dispatch(device_numbers)
+  return all(
       array.is_ready() for results in dispatched
       for arrays in results.disassemble_into_single_device_arrays()
       for array in arrays)

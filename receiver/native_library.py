@@ -71,15 +71,14 @@ def load_cuda_runtime() -> None:
 
 
 def _wheel_cudart() -> Optional[str]:
-  """libcudart of the `nvidia-cuda-runtime-cu*` wheel, if installed."""
+  """libcudart of NVIDIA's CUDA runtime wheel, if installed: under the
+  `nvidia` namespace, in `cuda_runtime/lib` (CUDA 12) or `cu13/lib`."""
   import glob  # pylint: disable=import-outside-toplevel
   import importlib.util  # pylint: disable=import-outside-toplevel
-  try:
-    spec = importlib.util.find_spec("nvidia.cuda_runtime")
-  except ModuleNotFoundError:
-    return None
+  spec = importlib.util.find_spec("nvidia")
   for location in (spec.submodule_search_locations or []) if spec else []:
-    found = sorted(glob.glob(os.path.join(location, "lib", "libcudart.so*")))
+    found = sorted(glob.glob(os.path.join(location, "*", "lib",
+                                          "libcudart.so*")))
     if found:
       return found[-1]
   return None

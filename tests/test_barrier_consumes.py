@@ -15,16 +15,21 @@ import pytest
 import host_callback as hcb
 from host_callback.receiver.packets import Packet
 from host_callback.receiver.queues import PacketQueue
+from helpers import needs_cpu_default_backend
 
 pytestmark = pytest.mark.usefixtures("outfeed_mode")
 
 _ATTEMPTS = 200  # a receiver thread woken at once may take a tap first
+_CPU_PROBES_ONLY = ("a barrier runs waiting taps on its own thread only after "
+                    "its CPU probes; elsewhere its markers go through the "
+                    "receiver threads")
 
 
 def test_barrier_runs_waiting_taps_on_its_own_thread():
   """Taps that wait when the barrier comes run on the barrier's thread
   (the receiver thread, woken for them, waits a moment first on the native
   transport; on the Python one it races the barrier), in order."""
+  needs_cpu_default_backend(_CPU_PROBES_ONLY)
   received = []
   tap = jax.jit(lambda x: hcb.id_tap(
       lambda v, transforms: received.append((int(v), threading.get_ident())),
@@ -75,6 +80,7 @@ def test_ctrl_c_in_a_tap_the_barrier_runs_reaches_the_barriers_caller():
   """A tap that the barrier runs on the main thread and that Ctrl-C stops
   raises KeyboardInterrupt from barrier_wait; it is not recorded as the
   tap's error, and the runtime goes on."""
+  needs_cpu_default_backend(_CPU_PROBES_ONLY)
   interrupted_here = []
 
   def tap(value, transforms):

@@ -8,7 +8,7 @@ import pytest
 
 import host_callback as hcb
 
-from helpers import captured_stdout
+from helpers import captured_stdout, needs_cpu_default_backend
 
 
 def _received(received):
@@ -35,6 +35,7 @@ def test_synchronous_native_tap_views_the_device_buffer(transport):
   parameter buffer (on CPU, the input array's own memory). The function
   returns one element: returning the parameter would make XLA copy it into
   an output buffer, which the tap might then read."""
+  needs_cpu_default_backend("the synchronous mode exists on CPU only")
   jax.config.update("jax_host_callback_outfeed", False)
   received = []
   tap = _received(received)
@@ -74,6 +75,7 @@ def test_keeping_a_synchronous_view_fails_the_computation(transport):
   """The documented mistake: on native the computation fails with an error
   naming the host function, copy=False and the fix; the kept array keeps
   the values it showed, whatever the device does next."""
+  needs_cpu_default_backend("the synchronous mode exists on CPU only")
   jax.config.update("jax_host_callback_outfeed", False)
   kept = []
 

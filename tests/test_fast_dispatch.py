@@ -11,7 +11,8 @@ from jax.experimental import io_callback
 
 import host_callback as hcb
 from host_callback import runtime
-from helpers import Recorder, cpu_devices, synchronous
+from helpers import (Recorder, cpu_devices, needs_cpu_default_backend,
+                     synchronous)
 
 # Every test here runs in the outfeed and in the synchronous mode.
 pytestmark = pytest.mark.usefixtures("both_modes")
@@ -177,6 +178,9 @@ def test_barrier_waits_for_a_running_computation_between_its_callbacks():
   """The computation, dispatched by another thread, is inside a foreign op
   (no packet of ours in flight) when the barrier starts: the barrier still
   waits for its last tap."""
+  needs_cpu_default_backend(
+      "the barrier sees another thread's computation in flight by counting "
+      "executions, which only computations on CPU do")
   seen = []
 
   @jax.jit
@@ -201,6 +205,9 @@ def test_barrier_waits_for_a_running_computation_between_its_callbacks():
 def test_barrier_gives_up_on_a_computation_that_a_foreign_op_stopped(caplog):
   """A raising jax.pure_callback stops the execution before our last op:
   the barrier warns once and returns, and later barriers do not wait."""
+  needs_cpu_default_backend(
+      "only computations on CPU count their executions, so elsewhere the "
+      "barrier has none in flight to give up on")
   def fail(value):
     raise ValueError("the host failed")
 

@@ -12,6 +12,7 @@ import numpy as np
 import pytest
 
 import host_callback as hcb
+from host_callback import lowering_python
 
 pytestmark = pytest.mark.usefixtures("both_modes")
 
@@ -96,3 +97,31 @@ def test_large_call(transport, dtype):
   hcb.barrier_wait()
   _assert_same(args[0], x)
   _assert_same(out, expected)
+
+
+@pytest.mark.parametrize("dtype", DTYPES)
+def test_widened_across_the_callbacks_of_other_platforms(transport, dtype,
+                                                         monkeypatch):
+  """Off CPU, JAX's callbacks drop a packed array's last partial byte, so
+  the Python transport widens sub-byte arrays to a byte on their way to the
+  host and back. Forced here on CPU: the values are unchanged, and the
+  callback's operands and results are a byte wide."""
+  if transport != "python":
+    pytest.skip("the Python transport's lowering")
+  monkeypatch.setattr(lowering_python, "widens_subbyte", lambda _: True)
+  x = _values(dtype, (7,), seed=3)
+  taps, args = [], []
+
+  def f(v):
+    v = hcb.id_tap(lambda a, tr: taps.append(a), v)
+    return hcb.call(lambda a: args.append(a) or _values(dtype, (7,), seed=5),
+                    v, result_shape=v)
+
+  wide = "ui8" if dtype in (jnp.uint4, jnp.uint2) else (
+      "f16" if dtype == jnp.float4_e2m1fn else "i8")
+  assert f"tensor<7x{wide}>" in jax.jit(f).lower(x).as_text()
+  out = jax.jit(f)(x)
+  hcb.barrier_wait()
+  _assert_same(taps[0], x)
+  _assert_same(args[0], x)
+  _assert_same(out, _values(dtype, (7,), seed=5))

@@ -3,17 +3,25 @@
     python -m tools.gpu_check                  # writes gpu_check_report.md
     python -m tools.gpu_check --report PATH    # the report elsewhere
     python -m tools.gpu_check --skip-suite     # without the whole suite
+    python -m tools.gpu_check --workers 8      # the suite in 8 processes
+                                               # (needs pytest-xdist)
 
-Checks, each PASS or FAIL: the CUDA runtime's functions are found
-(`native/cuda_api.cc`); the GPU tests (tests/test_gpu.py) and the CUDA
-transport's host-side tests (tests/test_cuda_transport.py); the whole test
-suite with the GPU as the default backend; and timing rows, µs per step of
-a scan of tiny steps, for no tap, a tap on each transport and
-`jax.debug.callback`, printed beside the hardware's own figures from the
-CUDA programs of ../shared/gpu/ (built with nvcc when it exists). Needs no
-network. Exits 0 when every check passed, 1 when one failed, and 2 with a
-"no GPU" message where JAX has no CUDA backend (nothing validated). Once it
-passes on a GPU, `settings.CUDA_NATIVE_VALIDATED` may be set to True.
+The suite's output goes to the report's path + ".suite.log".
+
+Checks, each PASS or FAIL, printed as each ends: the CUDA runtime's
+functions are found (`native/cuda_api.cc`); the GPU tests (tests/test_gpu.py,
+and tests/test_persistent_cache.py on the GPU) and the CUDA transport's
+host-side tests (tests/test_cuda_transport.py); the whole test suite with
+the GPU as the default backend; timing rows, µs per step of a scan of tiny
+steps, for no tap, a tap on each transport and `jax.debug.callback`;
+`tools.bench`'s rows that the GPU targets name (GPU_BENCH_ROWS); whether
+another thread can compile while a host function blocks a launch
+(tools/gpu_compile_during_call.py); and the hardware's own figures from
+the CUDA programs of ../shared/gpu/ (built with nvcc when it exists).
+Needs no network. Exits 0 when every check passed, 1 when one failed, and
+2 with a "no GPU" message where JAX has no CUDA backend (nothing
+validated). Once it passes on a GPU, `settings.CUDA_NATIVE_VALIDATED` may
+be set to True.
 """
 
 from __future__ import annotations
@@ -35,6 +43,16 @@ NO_GPU = 2
 # (name, passed, detail)
 Check = Tuple[str, bool, str]
 
+# The rows of `python -m tools.bench --quick` that the GPU targets name: a
+# jitted step with one tap or call from a Python loop, a tap and a call per
+# step of a scan, a 256 MiB tap and call round trip.
+GPU_BENCH_ROWS = (
+    r"^(jitted step with one (tap|call x\+1), per call from a Python loop"
+    r"|tap f32 scalar, per step of a [0-9]+-step scan \(until drained\)"
+    r"|call x\+1, per step of a [0-9]+-step scan"
+    r"|large tap of 256 MiB \S+, until the host function ran"
+    r"|large call round trip of 256 MiB \S+, identity(, copy=False)?)$")
+
 
 def find_gpu() -> Tuple[Optional[str], str]:
   """The first CUDA device's description, or None and why not."""
@@ -49,17 +67,38 @@ def find_gpu() -> Tuple[Optional[str], str]:
 
 
 def run(name: str, command: List[str], timeout: float,
-        env: Optional[dict] = None) -> Check:
-  """Runs `command` in the repository root; passes when it exits 0."""
+        env: Optional[dict] = None) -> Tuple[Check, str]:
+  """Runs `command` in the repository root; passes when it exits 0. Also
+  returns its standard output."""
   start = time.monotonic()
   try:
     done = subprocess.run(command, cwd=ROOT, capture_output=True, text=True,
                           timeout=timeout, env=dict(os.environ, **(env or {})))
-  except subprocess.TimeoutExpired:
-    return name, False, f"timed out after {timeout:.0f} s"
+  except subprocess.TimeoutExpired as expired:  # its output is bytes
+    return ((name, False, f"timed out after {timeout:.0f} s"),
+            (expired.stdout or b"").decode(errors="replace"))
   tail = (done.stdout + done.stderr).strip().splitlines()[-3:]
   detail = f"{time.monotonic() - start:.0f} s; " + " | ".join(tail)
-  return name, done.returncode == 0, detail
+  return (name, done.returncode == 0, detail), done.stdout
+
+
+def show(check: Check) -> Check:
+  """Prints `check`'s line as soon as it ended; returns it."""
+  name, ok, detail = check
+  print(f"{'PASS' if ok else 'FAIL'}  {name}  ({detail})", flush=True)
+  return check
+
+
+def suite_command(python: str, workers: int) -> List[str]:
+  """pytest over the whole suite, in `workers` processes where pytest-xdist
+  is installed (one otherwise)."""
+  command = [python, "-m", "pytest", "-v", "-rf", "--timeout", "120",
+             "tests"]
+  try:
+    import xdist  # noqa: F401  pylint: disable=import-outside-toplevel,unused-import
+  except ImportError:
+    return command
+  return command + ["-n", str(workers)] if workers > 1 else command
 
 
 def timing_rows(steps: int = 20000) -> List[Tuple[str, float]]:
@@ -116,7 +155,8 @@ def hardware_rows() -> Tuple[List[str], str]:
 
 
 def report(gpu: str, checks: List[Check], rows: List[Tuple[str, float]],
-           hardware: List[str], hardware_note: str) -> str:
+           bench: str, blocked: str, hardware: List[str],
+           hardware_note: str) -> str:
   lines = ["# host_callback GPU check", "",
            f"- GPU: {gpu}", f"- host: {platform.node()} "
            f"({platform.machine()}), Python {platform.python_version()}", "",
@@ -125,6 +165,11 @@ def report(gpu: str, checks: List[Check], rows: List[Tuple[str, float]],
             f"{detail.replace('|', '/')} |" for name, ok, detail in checks]
   lines += ["", "| per step of a 20k-step scan | µs |", "| --- | --- |"]
   lines += [f"| {name} | {value:.2f} |" for name, value in rows]
+  lines += ["", "`python -m tools.bench --quick` (GPU_BENCH_ROWS):", "",
+            bench.strip() or "(not run)"]
+  lines += ["", "Another thread's JAX work while a host function blocks a "
+            "launch (`python -m tools.gpu_compile_during_call`):", ""]
+  lines += [f"    {line}" for line in blocked.splitlines()] or ["    (not run)"]
   lines += ["", "Hardware (../shared/gpu, CUDA C++, same machine):", ""]
   lines += [f"    {line}" for line in hardware] or [f"    ({hardware_note})"]
   return "\n".join(lines) + "\n"
@@ -134,7 +179,14 @@ def main(argv: Optional[List[str]] = None) -> int:
   parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
   parser.add_argument("--report", default="gpu_check_report.md")
   parser.add_argument("--skip-suite", action="store_true")
+  parser.add_argument("--workers", type=int, default=1,
+                      help="run the suite in this many processes")
+  parser.add_argument("--suite-timeout", type=float, default=3600,
+                      help="seconds the suite may take")
   args = parser.parse_args(argv)
+  # This process and the checks' share the GPU: none takes most of its
+  # memory up front (JAX's default).
+  os.environ.setdefault("XLA_PYTHON_CLIENT_PREALLOCATE", "false")
   gpu, why = find_gpu()
   if gpu is None:
     message = ("gpu_check: no GPU: JAX has no CUDA backend here "
@@ -146,36 +198,55 @@ def main(argv: Optional[List[str]] = None) -> int:
       out.write(f"# host_callback GPU check\n\nNO GPU: {message}\n")
     return NO_GPU
   python = sys.executable
-  checks: List[Check] = [
-      run("CUDA runtime found", [python, "-c",
-          "from host_callback.receiver import native_library as n; "
-          "n.load_cuda_runtime()"], 120),
-      run("GPU tests (tests/test_gpu.py)",
-          [python, "-m", "pytest", "-q", "tests/test_gpu.py"], 600),
-      run("CUDA host side on the stand-in (tests/test_cuda_transport.py)",
-          [python, "-m", "pytest", "-q", "tests/test_cuda_transport.py"],
-          600, {"JAX_PLATFORMS": "cpu"}),
-  ]
-  if not args.skip_suite:
-    checks.append(run("whole suite, GPU default backend",
-                      [python, "-m", "pytest", "-q", "-x", "tests"], 3600))
+  checks: List[Check] = []
+
   rows: List[Tuple[str, float]] = []
+  bench, blocked, hardware, note = "", "", [], "not run yet"
+
+  def write_report() -> str:
+    """The report so far (rewritten after each check, so that a run cut
+    short leaves what it found)."""
+    text = report(gpu, checks, rows, bench, blocked, hardware, note)
+    with open(args.report, "w", encoding="utf-8") as out:
+      out.write(text)
+    return text
+
+  def check(name, command, timeout, env=None) -> str:
+    result, stdout = run(name, command, timeout, env)
+    checks.append(show(result))
+    write_report()
+    return stdout
+
+  check("CUDA runtime found", [python, "-c",
+        "from host_callback.receiver import native_library as n; "
+        "n.load_cuda_runtime()"], 120)
+  check("GPU tests (tests/test_gpu.py, tests/test_persistent_cache.py)",
+        [python, "-m", "pytest", "-q", "-rf", "--timeout", "120",
+         "tests/test_gpu.py", "tests/test_persistent_cache.py"], 600)
+  check("CUDA host side on the stand-in (tests/test_cuda_transport.py)",
+        [python, "-m", "pytest", "-q", "tests/test_cuda_transport.py"],
+        600, {"JAX_PLATFORMS": "cpu"})
+  if not args.skip_suite:
+    log = check("whole suite, GPU default backend",
+                suite_command(python, args.workers), args.suite_timeout)
+    with open(args.report + ".suite.log", "w", encoding="utf-8") as out:
+      out.write(log)
   try:
     rows = timing_rows()
-    checks.append(("timing rows", True, f"{len(rows)} rows"))
+    checks.append(show(("timing rows", True, f"{len(rows)} rows")))
   except Exception as error:  # pylint: disable=broad-except
-    checks.append(("timing rows", False, f"{type(error).__name__}: {error}"))
+    checks.append(show(("timing rows", False,
+                        f"{type(error).__name__}: {error}")))
+  bench = check("tools.bench GPU rows", [
+      python, "-m", "tools.bench", "--quick", "--only", GPU_BENCH_ROWS], 900)
+  blocked = check("compiling during a call (tools.gpu_compile_during_call)",
+                  [python, "-m", "tools.gpu_compile_during_call"], 300)
   try:
     hardware, note = hardware_rows()
   except (subprocess.SubprocessError, OSError) as error:
     hardware, note = [], f"the CUDA programs failed: {error}"
-    checks.append(("hardware rows (../shared/gpu)", False, note))
-  text = report(gpu, checks, rows, hardware, note)
-  with open(args.report, "w", encoding="utf-8") as out:
-    out.write(text)
-  for name, ok, detail in checks:
-    print(f"{'PASS' if ok else 'FAIL'}  {name}  ({detail})")
-  print(text)
+    checks.append(show(("hardware rows (../shared/gpu)", False, note)))
+  print(write_report())
   print(f"gpu_check: report written to {args.report}")
   failed = [name for name, ok, _ in checks if not ok]
   if failed:

@@ -1,0 +1,87 @@
+"""While a host function blocks a computation's launch, can another thread
+use JAX on the same device? Prints one line per case, on the default
+backend (a GPU's answer is the one of interest):
+
+    python -m tools.gpu_compile_during_call
+
+Each case runs in a process of its own: a jitted `call` (native or python
+transport) or `jax.pure_callback` whose host function waits up to 12 s for
+a second thread, which meanwhile compiles, compiles and runs, or runs an
+already compiled function on the default device, or runs one on the CPU.
+"ok" means the second thread finished while the host function waited;
+"BLOCKED" that it did not. On an H200 with jax 0.11.2, the cases that
+compile for the GPU were blocked, on every transport and with
+`pure_callback` (docs/architecture.md, "The CUDA part").
+"""
+
+from __future__ import annotations
+
+import itertools
+import subprocess
+import sys
+import threading
+import time
+
+CALLS = ("native", "python", "pure_callback")
+WORK = ("compile_run", "run", "compile", "cpu")
+
+
+def one_case(call: str, work: str) -> str:
+  """Runs one case in this process; returns its line."""
+  import jax  # pylint: disable=import-outside-toplevel
+  import jax.numpy as jnp  # pylint: disable=import-outside-toplevel
+  import numpy as np  # pylint: disable=import-outside-toplevel
+  import host_callback as hcb  # pylint: disable=import-outside-toplevel
+
+  x = jnp.arange(4.0)
+  compiled = jax.jit(lambda v: v * 3)
+  compiled(x).block_until_ready()
+  entered, finished = threading.Event(), threading.Event()
+
+  def second_thread():
+    entered.wait()
+    if work == "compile_run":
+      jax.jit(lambda v: jnp.sum(v) + 7)(x).block_until_ready()
+    elif work == "run":
+      compiled(x).block_until_ready()
+    elif work == "compile":
+      jax.jit(lambda v: jnp.sum(v) + 8).lower(x).compile()
+    else:
+      cpu = jax.devices("cpu")[0]
+      jax.jit(lambda v: jnp.sum(v) + 9)(
+          jax.device_put(np.arange(4.0), cpu)).block_until_ready()
+    finished.set()
+
+  def host(a):
+    entered.set()
+    return np.asarray(a) + (0 if finished.wait(12) else -1)
+
+  threading.Thread(target=second_thread, daemon=True).start()
+  if call == "pure_callback":
+    f = jax.jit(lambda v: jax.pure_callback(
+        host, jax.ShapeDtypeStruct(v.shape, v.dtype), v))
+  else:
+    jax.config.update("jax_host_callback_transport", call)
+    f = jax.jit(lambda v: hcb.call(host, v, result_shape=v))
+  start = time.perf_counter()
+  ok = np.asarray(f(x))[0] == 0
+  return (f"{jax.default_backend()}: during a {call} call, a second thread "
+          f"that does {work}: {'ok' if ok else 'BLOCKED'} "
+          f"({time.perf_counter() - start:.2f} s)")
+
+
+def main() -> None:
+  if len(sys.argv) == 3:
+    print(one_case(*sys.argv[1:]), flush=True)
+    return
+  cases = [subprocess.Popen([sys.executable, "-m", __spec__.name, call, work],
+                            stdout=subprocess.PIPE, stderr=subprocess.DEVNULL,
+                            text=True)
+           for call, work in itertools.product(CALLS, WORK)]
+  for case in cases:
+    out, _ = case.communicate(timeout=120)
+    print(out.strip() or f"(a case failed: exit {case.returncode})")
+
+
+if __name__ == "__main__":
+  main()
