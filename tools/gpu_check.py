@@ -6,7 +6,14 @@
     python -m tools.gpu_check --workers 8      # the suite in 8 processes
                                                # (needs pytest-xdist)
 
-The suite's output goes to the report's path + ".suite.log".
+    python -m tools.gpu_check --hardware DIR   # tap_limit.cu, tap_signal.cu
+                                               # elsewhere than ../shared/gpu
+
+The suite's output goes to the report's path + ".suite.log". On a GPU
+machine without network where JAX's CUDA plugin is installed:
+`pip install --no-index --no-deps --no-build-isolation -e .`, then
+`XLA_PYTHON_CLIENT_PREALLOCATE=false python -m tools.gpu_check --workers 12`
+(about 8 minutes on an H200 with 16 cores).
 
 Checks, each PASS or FAIL, printed as each ends: the CUDA runtime's
 functions are found (`native/cuda_api.cc`); the GPU tests (tests/test_gpu.py,
@@ -27,6 +34,7 @@ be set to True.
 from __future__ import annotations
 
 import argparse
+import importlib.util
 import os
 import platform
 import shutil
@@ -39,6 +47,12 @@ from typing import List, Optional, Tuple
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 SHARED_GPU = os.path.join(os.path.dirname(ROOT), "shared", "gpu")
 NO_GPU = 2
+# Test modules that need a package of the [test] extra and test no GPU path:
+# left out of the suite where it is missing (an offline GPU machine may
+# lack it), with a line that says so.
+NEEDS_PACKAGE = {"tests/test_conventions.py": "mypy",
+                 "tests/test_docs.py": "sphinx",
+                 "tests/test_migrate.py": "libcst"}
 
 # (name, passed, detail)
 Check = Tuple[str, bool, str]
@@ -91,14 +105,18 @@ def show(check: Check) -> Check:
 
 def suite_command(python: str, workers: int) -> List[str]:
   """pytest over the whole suite, in `workers` processes where pytest-xdist
-  is installed (one otherwise)."""
+  is installed (one otherwise), without the NEEDS_PACKAGE modules whose
+  package is missing here."""
   command = [python, "-m", "pytest", "-v", "-rf", "--timeout", "120",
              "tests"]
-  try:
-    import xdist  # noqa: F401  pylint: disable=import-outside-toplevel,unused-import
-  except ImportError:
-    return command
-  return command + ["-n", str(workers)] if workers > 1 else command
+  for path, package in NEEDS_PACKAGE.items():
+    if importlib.util.find_spec(package) is None:
+      print(f"gpu_check: {path} left out of the suite: {package} is not "
+            "installed", flush=True)
+      command.append(f"--ignore={path}")
+  if workers > 1 and importlib.util.find_spec("xdist") is not None:
+    command += ["-n", str(workers)]
+  return command
 
 
 def timing_rows(steps: int = 20000) -> List[Tuple[str, float]]:
@@ -135,18 +153,19 @@ def timing_rows(steps: int = 20000) -> List[Tuple[str, float]]:
   return rows
 
 
-def hardware_rows() -> Tuple[List[str], str]:
-  """The figures of ../shared/gpu/*.cu, built with nvcc; or why none."""
+def hardware_rows(programs: str) -> Tuple[List[str], str]:
+  """The figures of `programs`/*.cu (../shared/gpu), built with nvcc; or
+  why none."""
   nvcc = shutil.which("nvcc")
-  if nvcc is None or not os.path.isdir(SHARED_GPU):
+  if nvcc is None or not os.path.isdir(programs):
     return [], ("nvcc not found" if nvcc is None
-                else f"{SHARED_GPU} not found")
+                else f"{programs} not found")
   lines = []
   with tempfile.TemporaryDirectory() as build:
     for program, extra in (("tap_limit", []), ("tap_signal", ["-lcuda"])):
       binary = os.path.join(build, program)
       subprocess.run([nvcc, "-O2", "-o", binary,
-                      os.path.join(SHARED_GPU, program + ".cu"), *extra],
+                      os.path.join(programs, program + ".cu"), *extra],
                      check=True, capture_output=True, timeout=300)
       out = subprocess.run([binary], capture_output=True, text=True,
                            timeout=300).stdout
@@ -183,6 +202,9 @@ def main(argv: Optional[List[str]] = None) -> int:
                       help="run the suite in this many processes")
   parser.add_argument("--suite-timeout", type=float, default=3600,
                       help="seconds the suite may take")
+  parser.add_argument("--hardware", default=SHARED_GPU,
+                      help="the folder of the CUDA programs tap_limit.cu and "
+                           "tap_signal.cu")
   args = parser.parse_args(argv)
   # This process and the checks' share the GPU: none takes most of its
   # memory up front (JAX's default).
@@ -242,7 +264,7 @@ def main(argv: Optional[List[str]] = None) -> int:
   blocked = check("compiling during a call (tools.gpu_compile_during_call)",
                   [python, "-m", "tools.gpu_compile_during_call"], 300)
   try:
-    hardware, note = hardware_rows()
+    hardware, note = hardware_rows(args.hardware)
   except (subprocess.SubprocessError, OSError) as error:
     hardware, note = [], f"the CUDA programs failed: {error}"
     checks.append(show(("hardware rows (../shared/gpu)", False, note)))
