@@ -11,7 +11,7 @@ import numpy as np
 import pytest
 
 import host_callback as hcb
-from host_callback import barrier, executions, runtime
+from host_callback import barrier, executions, probes, runtime
 from helpers import Recorder, cpu_devices
 
 pytestmark = pytest.mark.usefixtures("both_modes")
@@ -86,6 +86,18 @@ def test_barrier_waits_for_a_pmap_whose_input_was_not_ready():
   hcb.barrier_wait()
   assert recorder.by_device() == {d.id: [float(i)]
                                   for i, d in enumerate(devices)}
+
+
+def test_with_a_device_that_is_not_a_cpu_the_cpu_probes_still_run(
+    monkeypatch):
+  """A GPU's queue open beside the CPU's (pretended: device 3 gets no
+  probe, as a GPU does): the barrier still waits, by the CPU devices'
+  probes, for a pmap whose input was not ready, which its markers on the
+  CPU devices do not wait for."""
+  probe_on = probes._probe_on  # pylint: disable=protected-access
+  monkeypatch.setattr(probes, "_probe_on",
+                      lambda number: None if number == 3 else probe_on(number))
+  test_barrier_waits_for_a_pmap_whose_input_was_not_ready()
 
 
 def test_barrier_waits_for_a_long_op_between_two_callbacks(monkeypatch):

@@ -195,6 +195,14 @@ def test_sharded_jit_taps_whole_array_once(device_index):
   assert rec.devices == [cpu_devices(NDEV)[device_index]]
 
 
+def test_device_index_of_cpu_devices_where_the_default_backend_has_one(
+    monkeypatch):
+  """On a GPU machine the default backend has one device and the CPU four:
+  a tap on CPU device 1 of a sharded jit is not refused at trace time."""
+  monkeypatch.setattr(jax, "device_count", lambda backend=None: 1)
+  test_sharded_jit_taps_whole_array_once(1)
+
+
 @pytest.mark.parametrize("axis_type", ["Explicit", "Auto"])
 @pytest.mark.parametrize("sharded_input", [False, True])
 def test_taps_and_calls_under_set_mesh(axis_type, sharded_input):
