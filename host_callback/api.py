@@ -126,7 +126,8 @@ def _flatten_arg(arg: Any, api: str) -> tuple[list, Any]:
 
 def _device_index(device_index: Any, api: str) -> int:
   """`device_index` as an int (NumPy integers too), checked against the
-  process's devices; the computation's are checked when it is lowered."""
+  most devices of one platform here (the default backend's, or the CPU's);
+  the computation's own are checked when it is lowered."""
   try:
     index = operator.index(device_index)
   except TypeError:
@@ -137,7 +138,8 @@ def _device_index(device_index: Any, api: str) -> int:
   if not 0 <= index < count:
     raise ValueError(
         f"host_callback.{api}: device_index={index} is out of range; "
-        f"there are {count} device(s), so use 0 to {count - 1}")
+        f"a computation here has at most {count} device(s), so use 0 to "
+        f"{count - 1}")
   return index
 
 

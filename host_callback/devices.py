@@ -26,11 +26,20 @@ def device_number(device: Any) -> int:
   return rank * _PLATFORM_STRIDE + device.id
 
 
+def _cpu_devices() -> List[Any]:
+  """The CPU's devices; none where JAX has no CPU backend
+  (JAX_PLATFORMS=cuda, say)."""
+  try:
+    return jax.devices("cpu")
+  except RuntimeError:
+    return []
+
+
 @functools.lru_cache(maxsize=None)
 def _devices() -> Dict[int, Any]:
   """Every device of the default backend and of the CPU, by number."""
   return {device_number(device): device
-          for device in {*jax.devices(), *jax.devices("cpu")}}
+          for device in {*jax.devices(), *_cpu_devices()}}
 
 
 def device_by_number(number: int) -> Any:

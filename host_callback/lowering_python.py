@@ -8,11 +8,10 @@ from typing import Any, Callable, List, Sequence
 import jax
 import jax.numpy as jnp
 import numpy as np
-from jax.interpreters import mlir
 
 from . import _jax_adapter as adapter
 from . import executions, runtime
-from ._jax_adapter import hlo
+from ._jax_adapter import hlo, mlir
 from .devices import device_number, numbers
 from .lowering_kinds import Kind
 from .receiver import interrupts

@@ -71,17 +71,22 @@ def load_cuda_runtime() -> None:
 
 
 def _wheel_cudart() -> Optional[str]:
-  """libcudart of NVIDIA's CUDA runtime wheel, if installed: under the
-  `nvidia` namespace, in `cuda_runtime/lib` (CUDA 12) or `cu13/lib`."""
+  """libcudart of NVIDIA's CUDA runtime wheels, if installed, under the
+  `nvidia` namespace in `cuda_runtime/lib` (CUDA 12) or `cu13/lib`: the
+  newest CUDA version's where there are several."""
   import glob  # pylint: disable=import-outside-toplevel
   import importlib.util  # pylint: disable=import-outside-toplevel
+  import re  # pylint: disable=import-outside-toplevel
   spec = importlib.util.find_spec("nvidia")
-  for location in (spec.submodule_search_locations or []) if spec else []:
-    found = sorted(glob.glob(os.path.join(location, "*", "lib",
-                                          "libcudart.so*")))
-    if found:
-      return found[-1]
-  return None
+  found = [path for location in
+           ((spec.submodule_search_locations or []) if spec else [])
+           for path in glob.glob(os.path.join(location, "*", "lib",
+                                              "libcudart.so*"))]
+
+  def version(path: str) -> Tuple[int, ...]:
+    return tuple(int(part) for part in re.findall(r"\d+",
+                                                  path.rsplit(".so", 1)[1]))
+  return max(found, key=version, default=None)
 
 
 def cuda_stats(ordinal: int) -> Dict[str, Any]:

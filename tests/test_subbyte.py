@@ -119,7 +119,10 @@ def test_widened_across_the_callbacks_of_other_platforms(transport, dtype,
 
   wide = "ui8" if dtype in (jnp.uint4, jnp.uint2) else (
       "f16" if dtype == jnp.float4_e2m1fn else "i8")
-  assert f"tensor<7x{wide}>" in jax.jit(f).lower(x).as_text()
+  lowered = jax.jit(f).lower(x).as_text()
+  assert f"tensor<7x{wide}>" in lowered
+  # Widened: the tap's operand, the call's operand, the call's result.
+  assert lowered.count("stablehlo.convert") == 3
   out = jax.jit(f)(x)
   hcb.barrier_wait()
   _assert_same(taps[0], x)
