@@ -47,10 +47,12 @@ def device_by_number(number: int) -> Any:
   return _devices()[number]
 
 
+@functools.lru_cache(maxsize=None)
 def most_devices() -> int:
   """The most devices of one platform that a computation can use here: the
   default backend's or the CPU's (a GPU machine has one GPU and several CPU
-  devices with --xla_force_host_platform_device_count)."""
+  devices with --xla_force_host_platform_device_count). Read at every
+  trace of a tap or call: counted once, as `_devices` is listed once."""
   per_platform = collections.Counter(
       device.platform for device in _devices().values())
   return max(per_platform.values())
