@@ -212,8 +212,9 @@ def _marker_round() -> bool:
       continue
     marker = _marker_computation(name)
     # A synchronous marker is a request: it wakes the consumer at once, and
-    # on an idle native queue runs on the dispatching thread.
-    with settings.transport(name), settings.outfeed(False):
+    # on an idle native queue runs on the dispatching thread. A mesh the
+    # caller set (jax.set_mesh) would conflict with the marker's device.
+    with settings.transport(name), settings.outfeed(False), jax.set_mesh(None):
       for device_id in device_ids:
         key = (name, device_id)
         sent_before[key] = transport.packets_sent(device_id)

@@ -107,6 +107,9 @@ class Transport(Producer, Protocol):
   def packets_waiting(self, device_id: int) -> int:
     """Packets the device has sent that are not consumed yet."""
 
+  def drained(self) -> bool:
+    """Whether every packet sent so far, to any queue, has been consumed."""
+
   def device_ids(self) -> List[int]:
     """The devices whose queues are open."""
 

@@ -276,6 +276,9 @@ class NativeTransport:
   def packets_waiting(self, device_id: int) -> int:
     return native.stats(device_id)[1]
 
+  def drained(self) -> bool:
+    return native.drained()
+
   def device_ids(self) -> List[int]:
     with self._lock:
       return list(self._devices)

@@ -229,6 +229,14 @@ class PythonTransport:
   def packets_waiting(self, device_id: int) -> int:
     return self._queue(device_id).packets_waiting
 
+  def drained(self) -> bool:
+    with self._lock:
+      queues = tuple(self._queues.values())
+    for queue in queues:  # a loop: an idle barrier's cost
+      if queue.packets_waiting:
+        return False
+    return True
+
   def device_ids(self) -> List[int]:
     with self._lock:
       return list(self._queues)

@@ -94,10 +94,16 @@ def test_with_a_device_that_is_not_a_cpu_the_cpu_probes_still_run(
   probe, as a GPU does): the barrier still waits, by the CPU devices'
   probes, for a pmap whose input was not ready, which its markers on the
   CPU devices do not wait for."""
-  probe_on = probes._probe_on  # pylint: disable=protected-access
+  # pylint: disable=protected-access
+  probe_on = probes._probe_on
   monkeypatch.setattr(probes, "_probe_on",
-                      lambda number: None if number == 3 else probe_on(number))
-  test_barrier_waits_for_a_pmap_whose_input_was_not_ready()
+                      lambda number, *readable: (
+                          None if number == 3 else probe_on(number, *readable)))
+  probes._probes.cache_clear()
+  try:
+    test_barrier_waits_for_a_pmap_whose_input_was_not_ready()
+  finally:
+    probes._probes.cache_clear()
 
 
 def test_barrier_waits_for_a_long_op_between_two_callbacks(monkeypatch):
@@ -170,3 +176,68 @@ def test_barrier_waits_for_a_host_function_still_running():
   hcb.barrier_wait()
   assert done == [1.0]
   thread.join()
+
+
+def _forget_compiled_probes_and_markers():
+  """The next barrier compiles its probes and markers anew."""
+  # pylint: disable=protected-access
+  for cached in (probes._probes, probes._probe_on,
+                 probes._probe_across_two_cpus, barrier._marker_computation):
+    cached.cache_clear()
+
+
+@pytest.mark.parametrize("busy", [False, True])
+def test_barrier_inside_a_mesh_set_by_the_program(busy):
+  """Inside `jax.set_mesh`, whose devices would conflict with those of the
+  barrier's own computations: the first barrier, which compiles the
+  probes, waits for a step over the mesh; one that sends markers, because
+  another thread's single-device step is still in its tap (in the
+  synchronous mode), waits for that tap."""
+  devices = cpu_devices(4)
+  mesh = jax.sharding.Mesh(np.array(devices), ("x",))
+  started, release = threading.Event(), threading.Event()
+  done = []
+
+  def tap(arg, transforms):
+    del transforms
+    started.set()
+    release.wait(10)
+    done.append(arg.tolist())
+
+  step = jax.jit(lambda v: hcb.id_tap(tap, v))
+  _forget_compiled_probes_and_markers()
+  with jax.set_mesh(mesh):
+    if busy:
+      thread = threading.Thread(  # outside the mesh, which is per thread
+          target=step, args=(jax.device_put(jnp.float32(1), devices[1]),))
+      thread.start()
+      assert started.wait(10)
+      threading.Timer(0.3, release.set).start()
+      hcb.barrier_wait()
+      thread.join()
+      assert done == [1.0]
+    else:
+      release.set()
+      step(jnp.arange(4.0))
+      hcb.barrier_wait()
+      assert done == [[0.0, 1.0, 2.0, 3.0]]
+
+
+def test_probes_compiled_inside_a_mesh_run_on_their_own_devices():
+  """A step on device 3 whose input was not ready, dispatched before the
+  program set a mesh; the barrier inside the mesh, which compiles its
+  probes there, waits for it (a probe placed on the mesh's devices would
+  not follow it)."""
+  devices = cpu_devices(4)
+  recorder = Recorder()
+  step = jax.jit(lambda y: hcb.id_tap(recorder, jnp.sum(y[0, :3])))
+  x = _busy_input(devices[3])
+  step(x)
+  hcb.barrier_wait()
+  recorder.calls.clear()
+  _forget_compiled_probes_and_markers()
+  step(_busy(x))  # output dropped at once
+  with jax.set_mesh(jax.sharding.Mesh(np.array(devices), ("x",))):
+    hcb.barrier_wait()
+  np.testing.assert_allclose([float(a) for a in recorder.args],
+                             [float(np.sum(_busy(x)[0, :3]))], rtol=1e-5)

@@ -420,6 +420,22 @@ def test_pending_taps_delivered_at_exit(transport):
   assert numbers == list(range(1000))
 
 
+def test_the_drain_at_exit_under_a_mesh_set_for_the_whole_program(transport):
+  """`jax.set_mesh(mesh)` as a global setter is still in force when the
+  drain at exit runs the barrier, whose probes it placed on the mesh's
+  devices: the process aborted and the taps were lost."""
+  result = run_python("""
+      import jax, jax.numpy as jnp, numpy as np
+      import host_callback as hcb
+
+      jax.set_mesh(jax.sharding.Mesh(np.array(jax.devices()), ("d",)))
+      jax.jit(lambda x: hcb.id_print(x * 2))(jnp.arange(4.0))
+      # No barrier_wait: exit must drain.
+      """, env=OUTFEED, transport=transport)
+  assert result.returncode == 0, result.stderr
+  assert result.stdout.splitlines() == ["[0. 2. 4. 6.]"]
+
+
 @pytest.mark.parametrize("mode", ["synchronous", "outfeed"])
 def test_computations_in_flight_at_exit_run_their_taps(transport, mode):
   """A program whose taps all ran on device threads starts no receiver;

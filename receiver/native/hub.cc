@@ -67,6 +67,15 @@ void Hub::WakeConsumers() {
   }
 }
 
+bool Hub::Drained() {
+  std::lock_guard<std::mutex> lock(mu_);
+  for (auto& [device_id, queue] : queues_) {
+    std::lock_guard<std::mutex> queue_lock(queue->mu);
+    if (queue->enqueued != queue->finished) return false;
+  }
+  return true;
+}
+
 DeviceQueue* Hub::Queue(int64_t device_id) {
   const bool fast = device_id >= 0 && device_id < kFastDeviceIds;
   if (fast) {

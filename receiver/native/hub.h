@@ -59,6 +59,9 @@ class Hub {
 
   // The queue of a device, created on first use; never freed.
   DeviceQueue* Queue(int64_t device_id);
+  // Whether every packet pushed so far, on any queue, is finished: what a
+  // barrier checks, in one call, once the devices have finished.
+  bool Drained();
 
   // Device side, with arrays checked against the site (SiteSizes::Check):
   // a tap's packet on the device's queue (DeviceQueue::Push).

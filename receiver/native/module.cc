@@ -34,7 +34,7 @@ namespace {
 
 // Bumped whenever a function's signature below changes (the module's
 // ABI_VERSION, which receiver/native_library.py checks).
-constexpr int kAbiVersion = 10;
+constexpr int kAbiVersion = 11;
 
 hcb::Hub& hub() { return hcb::Hub::Get(); }
 
@@ -276,6 +276,10 @@ PyObject* Stats(PyObject*, PyObject* arg) {
   });
 }
 
+PyObject* Drained(PyObject*, PyObject*) {
+  return Guard([&] { return PyBool_FromLong(hub().Drained()); });
+}
+
 PyObject* PoolStats(PyObject*, PyObject*) {
   int64_t out[4];
   hub().pool().Stats(out);
@@ -451,6 +455,7 @@ PyMethodDef methods[] = {
     {"end_guest", EndGuest, METH_O, nullptr},
     {"wait_finished", WaitFinished, METH_VARARGS, nullptr},
     {"stats", Stats, METH_O, nullptr},
+    {"drained", Drained, METH_NOARGS, nullptr},
     {"pool_stats", PoolStats, METH_NOARGS, nullptr},
     {"reply", Reply, METH_VARARGS, nullptr},
     {"reply_error", ReplyError, METH_VARARGS, nullptr},
