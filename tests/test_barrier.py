@@ -149,32 +149,39 @@ def test_an_idle_barrier_dispatches_nothing(devices):
   assert _sent_and_begun() == before
 
 
+class _HeldTap:
+  """A tap function that says when it has started, and goes on once
+  released."""
+
+  def __init__(self):
+    self.started, self.release = threading.Event(), threading.Event()
+    self.done = []
+
+  def __call__(self, arg, transforms):
+    del transforms
+    self.started.set()
+    self.release.wait(10)
+    self.done.append(arg.tolist())
+
+
 def test_barrier_waits_for_a_host_function_still_running():
   """The idle check must not hide work: a tap's host function still runs
   (on another thread's computation, or on the receiver in the outfeed
   mode) when the barrier starts."""
-  started, release = threading.Event(), threading.Event()
-  done = []
-
-  def slow(arg, transforms):
-    del transforms
-    started.set()
-    release.wait(10)
-    done.append(float(arg))
-
+  slow = _HeldTap()
   step = jax.jit(lambda v: hcb.id_tap(slow, v))
-  release.set()
+  slow.release.set()
   step(jnp.float32(0))
   hcb.barrier_wait()
-  done.clear()
-  started.clear()
-  release.clear()
+  slow.done.clear()
+  slow.started.clear()
+  slow.release.clear()
   thread = threading.Thread(target=step, args=(jnp.float32(1),))
   thread.start()
-  assert started.wait(10)
-  threading.Timer(0.3, release.set).start()
+  assert slow.started.wait(10)
+  threading.Timer(0.3, slow.release.set).start()
   hcb.barrier_wait()
-  assert done == [1.0]
+  assert slow.done == [1.0]
   thread.join()
 
 
@@ -195,15 +202,7 @@ def test_barrier_inside_a_mesh_set_by_the_program(busy):
   synchronous mode), waits for that tap."""
   devices = cpu_devices(4)
   mesh = jax.sharding.Mesh(np.array(devices), ("x",))
-  started, release = threading.Event(), threading.Event()
-  done = []
-
-  def tap(arg, transforms):
-    del transforms
-    started.set()
-    release.wait(10)
-    done.append(arg.tolist())
-
+  tap = _HeldTap()
   step = jax.jit(lambda v: hcb.id_tap(tap, v))
   _forget_compiled_probes_and_markers()
   with jax.set_mesh(mesh):
@@ -211,16 +210,16 @@ def test_barrier_inside_a_mesh_set_by_the_program(busy):
       thread = threading.Thread(  # outside the mesh, which is per thread
           target=step, args=(jax.device_put(jnp.float32(1), devices[1]),))
       thread.start()
-      assert started.wait(10)
-      threading.Timer(0.3, release.set).start()
+      assert tap.started.wait(10)
+      threading.Timer(0.3, tap.release.set).start()
       hcb.barrier_wait()
       thread.join()
-      assert done == [1.0]
+      assert tap.done == [1.0]
     else:
-      release.set()
+      tap.release.set()
       step(jnp.arange(4.0))
       hcb.barrier_wait()
-      assert done == [[0.0, 1.0, 2.0, 3.0]]
+      assert tap.done == [[0.0, 1.0, 2.0, 3.0]]
 
 
 def test_probes_compiled_inside_a_mesh_run_on_their_own_devices():
