@@ -19,6 +19,8 @@ import jax.numpy as jnp
 import host_callback as hcb
 
 Row = Tuple[str, str, Dict[str, float]]
+# The loops of the training-loop rows take turns after this many steps.
+_TURN = 100
 
 
 def _noop(*args, **kwargs) -> None:
@@ -106,19 +108,22 @@ def _loop_times(step: Callable, x: jax.Array, steps: int, repeat: int,
                 waits: Dict[str, Callable[[jax.Array], None]]
                 ) -> Dict[str, float]:
   """Median ms per step of `steps` calls of `step`, with `waits[name](output)`
-  after each one, for each name. The loops take turns in each repeat, so
-  that the machine's drift (large on a small VM) reaches all of them."""
+  after each one, for each name. The loops take turns every `_TURN` steps,
+  so that the machine's drift (large on a small VM) reaches all of them
+  alike; the median is over those stretches."""
   times: Dict[str, List[float]] = {name: [] for name in waits}
+  turn = min(_TURN, steps)
   for _ in range(repeat):
-    for name, wait in waits.items():
-      start = time.perf_counter()
-      y = x
-      for _ in range(steps):
-        _, y = step(y)
-        wait(y)
-      jax.block_until_ready(y)
-      hcb.barrier_wait()
-      times[name].append(1e3 * (time.perf_counter() - start) / steps)
+    for _ in range(steps // turn):
+      for name, wait in waits.items():
+        start = time.perf_counter()
+        y = x
+        for _ in range(turn):
+          _, y = step(y)
+          wait(y)
+        jax.block_until_ready(y)
+        hcb.barrier_wait()
+        times[name].append(1e3 * (time.perf_counter() - start) / turn)
   return {name: sorted(t)[len(t) // 2] for name, t in times.items()}
 
 

@@ -173,29 +173,35 @@ int64_t DeviceQueue::Take(double timeout_s, uint8_t* dst, int64_t capacity,
   auto ready = [&] { return unread > 0 && !direct_busy; };
   const auto deadline = Clock::now() + Seconds(timeout_s);
   auto pace_until = last_take + kBatchInterval;
-  if (!ready()) {
-    if (expect_request) {
-      const int64_t seen = enqueued;
-      lock.unlock();
-      Spin(kConsumerSpin, [&] {
-        return pushed.load(std::memory_order_acquire) != seen || woken();
-      });
-      lock.lock();
-    }
-    consumer_idle = true;
-    not_empty.wait_until(lock, deadline, [&] { return ready() || woken(); });
-    consumer_idle = false;
-    if (!ready()) return 0;
-    // Woken for taps: a barrier that waits for them may consume them on its
-    // own thread (TakeAsGuest) sooner than this thread could hand them back.
-    pace_until = std::max(pace_until, Clock::now() + kGuestGrace);
+  if (!ready() && expect_request) {
+    const int64_t seen = enqueued;
+    lock.unlock();
+    Spin(kConsumerSpin, [&] {
+      return pushed.load(std::memory_order_acquire) != seen || woken();
+    });
+    lock.lock();
   }
-  if (!hurry) {
+  while (true) {
+    if (!ready()) {
+      consumer_idle = true;
+      not_empty.wait_until(lock, deadline, [&] { return ready() || woken(); });
+      consumer_idle = false;
+      if (!ready()) return 0;
+      // Woken for taps: a barrier that waits for them may consume them on
+      // its own thread (TakeAsGuest) sooner than this thread could hand
+      // them back.
+      pace_until = std::max(pace_until, Clock::now() + kGuestGrace);
+    }
+    if (hurry) break;
     consumer_pacing = true;
     not_empty.wait_until(lock, std::min(deadline, pace_until),
                          [&] { return hurry || woken(); });
     consumer_pacing = false;
-    if (!ready()) return 0;
+    if (ready()) break;
+    if (woken() || Clock::now() >= deadline) return 0;
+    // A guest took the taps meanwhile: wait for the next ones here rather
+    // than return empty-handed to the Python receiver, which would take
+    // the GIL at every step of a loop that calls barrier_wait.
   }
   last_take = Clock::now();
   return TakeWaiting(lock, dst, capacity, index, max_packets, needed,
