@@ -7,11 +7,13 @@ with a clear message when the installed JAX lacks something we need.
 
 from __future__ import annotations
 
+import contextlib
 import dataclasses
 import functools
 import importlib
 import threading
-from typing import Any, Callable, List, Optional, Sequence, Tuple
+from typing import (Any, Callable, ContextManager, List, Optional, Sequence,
+                    Tuple)
 
 import jax
 from jax.interpreters import ad, batching, mlir
@@ -388,6 +390,19 @@ def execute_without_arguments(executable: Any) -> Any:
   returns (checked against jax 0.10.2 and 0.12.0.1).
   """
   return executable.execute_sharded([], with_tokens=True)
+
+
+def outside_the_program_mesh() -> ContextManager[Any]:
+  """A context without the mesh that the program set (`jax.set_mesh`),
+  whose devices would conflict with those of the barrier's own
+  computations.
+
+  Wraps `jax.set_mesh(None)`, which refuses while JAX traces (a barrier
+  called from code being traced): then the mesh stays as it is.
+  """
+  if not _core.trace_state_clean():
+    return contextlib.nullcontext()
+  return jax.set_mesh(None)
 
 
 def keep_alive_with_executable(ctx: Any, obj: Any) -> None:

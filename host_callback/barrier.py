@@ -30,6 +30,7 @@ from typing import Any, Dict, Optional, Tuple
 
 import jax
 
+from . import _jax_adapter as adapter
 from . import executions, primitive, probes, runtime, settings
 from .devices import device_number, local_devices_by_number, zero_on
 from .host_functions import HostFunction
@@ -114,6 +115,16 @@ def _marker_computation(name: str) -> Any:
   # which costs less than a device_put.
   return jax.jit(lambda on_device, number: primitive.bind(
       [on_device + number], function=function, num_args=1, device_index=0)[0])
+
+
+@functools.lru_cache(maxsize=None)
+def _compiled_marker(name: str, device: int) -> Any:
+  """The marker of a transport, compiled for one local device (in the
+  marker round's settings). Called compiled, it runs also from code that
+  JAX is tracing, where a jitted call would be staged into that code and
+  never run."""
+  on_device = zero_on(local_devices_by_number()[device])
+  return _marker_computation(name).lower(on_device, 0).compile()
 
 
 class _InFlight:
@@ -210,16 +221,16 @@ def _marker_round() -> bool:
     device_ids = [d for d in transport.device_ids() if d in local]
     if not device_ids:
       continue
-    marker = _marker_computation(name)
     # A synchronous marker is a request: it wakes the consumer at once, and
-    # on an idle native queue runs on the dispatching thread. A mesh the
-    # caller set (jax.set_mesh) would conflict with the marker's device.
-    with settings.transport(name), settings.outfeed(False), jax.set_mesh(None):
+    # on an idle native queue runs on the dispatching thread.
+    with (settings.transport(name), settings.outfeed(False),
+          adapter.outside_the_program_mesh()):
       for device_id in device_ids:
         key = (name, device_id)
         sent_before[key] = transport.packets_sent(device_id)
         targets[key] = _markers.next_number(key)
-        _run_marker(marker, zero_on(local[device_id]), targets[key])
+        _run_marker(_compiled_marker(name, device_id),
+                    zero_on(local[device_id]), targets[key])
   _round.ran_here = None
   _markers.wait(targets)
   # Each marker is one execution; a marker that ran here was not queued,

@@ -72,5 +72,7 @@ def numbers(devices: List[Any]) -> List[int]:
 @functools.lru_cache(maxsize=None)
 def zero_on(device: Any) -> jax.Array:
   """An int32 zero committed to `device`: what places a tiny computation
-  there (the barrier's markers)."""
-  return jax.device_put(np.int32(0), device)
+  there (the barrier's markers). A concrete array also while JAX traces
+  (a barrier called from code being traced)."""
+  with jax.ensure_compile_time_eval():
+    return jax.device_put(np.int32(0), device)

@@ -54,7 +54,7 @@ def _compiled_probe(sharding: jax.sharding.Sharding) -> Any:
   it where the sharding says, cheaper to dispatch than a jitted call."""
   size = len(sharding.device_set)
   probe = jax.jit(lambda: jnp.zeros((size,), jnp.int32), out_shardings=sharding)
-  with jax.set_mesh(None):  # a mesh the caller set would conflict
+  with adapter.outside_the_program_mesh():
     return probe.lower().compile().runtime_executable()
 
 
@@ -74,7 +74,7 @@ def _probe_on(device_number: int, readable: bool = False) -> Optional[Any]:
     return None
   if readable:
     return _compiled_probe(jax.sharding.SingleDeviceSharding(device))
-  with jax.set_mesh(None), jax.default_device(device):
+  with adapter.outside_the_program_mesh(), jax.default_device(device):
     return jax.jit(lambda: ()).lower().compile().runtime_executable()
 
 

@@ -12,6 +12,7 @@ import pytest
 
 import host_callback as hcb
 from host_callback import barrier, executions, probes, runtime
+from host_callback.devices import zero_on
 from helpers import Recorder, cpu_devices
 
 pytestmark = pytest.mark.usefixtures("both_modes")
@@ -189,7 +190,8 @@ def _forget_compiled_probes_and_markers():
   """The next barrier compiles its probes and markers anew."""
   # pylint: disable=protected-access
   for cached in (probes._probes, probes._probe_on,
-                 probes._probe_across_two_cpus, barrier._marker_computation):
+                 probes._probe_across_two_cpus, barrier._marker_computation,
+                 barrier._compiled_marker, zero_on):
     cached.cache_clear()
 
 
@@ -240,3 +242,41 @@ def test_probes_compiled_inside_a_mesh_run_on_their_own_devices():
     hcb.barrier_wait()
   np.testing.assert_allclose([float(a) for a in recorder.args],
                              [float(np.sum(_busy(x)[0, :3]))], rtol=1e-5)
+
+
+def test_a_barrier_called_while_jax_traces():
+  """A barrier in code being traced runs then, as the original's did, and
+  compiles its probes there if it is the first: outside the program's
+  mesh, which `jax.set_mesh` refuses to leave while JAX traces."""
+  recorder = Recorder()
+  jax.jit(lambda v: hcb.id_tap(recorder, v))(jnp.float32(1))
+  _forget_compiled_probes_and_markers()
+
+  def traced(v):
+    hcb.barrier_wait()  # runs while `traced` is traced
+    assert [float(a) for a in recorder.args] == [1.0]
+    return v + 1
+
+  assert float(jax.jit(traced)(jnp.float32(1))) == 2.0
+
+
+def test_a_barrier_called_while_jax_traces_runs_its_markers():
+  """Another thread's step is in its tap (in the synchronous mode), so the
+  barrier sends markers, from code being traced: they run compiled (a
+  jitted call there would be staged into the traced code and never run,
+  and the barrier waited for it for ever), and their zeros are concrete."""
+  tap = _HeldTap()
+  step = jax.jit(lambda v: hcb.id_tap(tap, v))
+  _forget_compiled_probes_and_markers()
+  thread = threading.Thread(target=step, args=(jnp.float32(1),))
+  thread.start()
+  assert tap.started.wait(10)
+  threading.Timer(0.3, tap.release.set).start()
+
+  def traced(v):
+    hcb.barrier_wait()  # runs while `traced` is traced
+    assert tap.done == [1.0]
+    return v + 1
+
+  assert float(jax.jit(traced)(jnp.float32(1))) == 2.0
+  thread.join()

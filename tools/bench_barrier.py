@@ -107,14 +107,16 @@ def _training_step() -> Tuple[Callable, jax.Array]:
 def _loop_times(step: Callable, x: jax.Array, steps: int, repeat: int,
                 waits: Dict[str, Callable[[jax.Array], None]]
                 ) -> Dict[str, float]:
-  """Median ms per step of `steps` calls of `step`, with `waits[name](output)`
-  after each one, for each name. The loops take turns every `_TURN` steps,
-  so that the machine's drift (large on a small VM) reaches all of them
-  alike; the median is over those stretches."""
+  """Median ms per step of calls of `step`, with `waits[name](output)` after
+  each one, for each name: `steps` calls (rounded up to whole stretches)
+  in stretches of `_TURN` that start from `x` and end waiting for their
+  last step. The loops take turns every stretch, so that the machine's
+  drift (large on a small VM) reaches all of them alike; the median is
+  over the stretches."""
   times: Dict[str, List[float]] = {name: [] for name in waits}
   turn = min(_TURN, steps)
   for _ in range(repeat):
-    for _ in range(steps // turn):
+    for _ in range(-(-steps // turn)):
       for name, wait in waits.items():
         start = time.perf_counter()
         y = x
