@@ -87,6 +87,8 @@ def lower(ctx: Any, *operands: Any, function: HostFunction, num_args: int,
   producer = runtime.transport(name)
   _open_devices(producer, place.mesh_devices if place.fixed_device is None
                 else [place.fixed_device])
+  if not synchronous:
+    runtime.start_receiver()
   arg_avals, result_avals = physical_avals(ctx, num_args, function)
   site = runtime.register_site(
       producer, function, transforms,

@@ -294,6 +294,14 @@ def wait_released() -> None:
     running.wait_processed()
 
 
+def start_receiver() -> None:
+  """Starts the receiver's threads now if none runs, as the original did
+  when it lowered a computation: one started by the first packet would come
+  too late for a computation still running when the program ends (Python
+  3.12 starts no thread then)."""
+  _runtime.receiver()
+
+
 def stop_receiver() -> None:
   """Drains and stops the receiver threads."""
   _runtime.stop()

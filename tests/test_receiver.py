@@ -420,16 +420,27 @@ def test_pending_taps_delivered_at_exit(transport):
   assert numbers == list(range(1000))
 
 
-def test_the_drain_at_exit_under_a_mesh_set_for_the_whole_program(transport):
-  """`jax.set_mesh(mesh)` as a global setter is still in force when the
-  drain at exit runs the barrier, whose probes it placed on the mesh's
-  devices: the process aborted and the taps were lost."""
-  result = run_python("""
+@pytest.mark.parametrize("placed_by", ["mesh", "sharding"])
+def test_the_last_step_still_running_at_exit_runs_its_tap(transport,
+                                                          placed_by):
+  """One step over several devices, still running when the program ends
+  (outfeed mode): its receiver thread started when it was lowered, since
+  Python 3.12 starts no thread once the program has ended (the tap was
+  lost). Placed by `jax.set_mesh` as a global setter, which is still in
+  force when the drain at exit runs the barrier (whose probes it placed on
+  the mesh's devices: the process aborted), or by its input's sharding."""
+  result = run_python(f"""
       import jax, jax.numpy as jnp, numpy as np
       import host_callback as hcb
 
-      jax.set_mesh(jax.sharding.Mesh(np.array(jax.devices()), ("d",)))
-      jax.jit(lambda x: hcb.id_print(x * 2))(jnp.arange(4.0))
+      mesh = jax.sharding.Mesh(np.array(jax.devices()), ("d",))
+      x = jnp.arange(4.0)
+      if "{placed_by}" == "mesh":
+        jax.set_mesh(mesh)
+      else:
+        x = jax.device_put(x, jax.sharding.NamedSharding(
+            mesh, jax.sharding.PartitionSpec("d")))
+      jax.jit(lambda x: hcb.id_print(x * 2))(x)
       # No barrier_wait: exit must drain.
       """, env=OUTFEED, transport=transport)
   assert result.returncode == 0, result.stderr
