@@ -12,7 +12,7 @@ import dataclasses
 import functools
 import importlib
 import threading
-from typing import (Any, Callable, ContextManager, List, Optional, Sequence,
+from typing import (Any, Callable, Iterator, List, Optional, Sequence,
                     Tuple)
 
 import jax
@@ -25,6 +25,7 @@ from jax._src import config as _config
 from jax._src import core as _core
 from jax._src import dispatch as _dispatch
 from jax._src import effects as _effects
+from jax._src import mesh as _mesh
 from jax._src import util as _util
 from jax._src import named_sharding as _named_sharding
 from jax._src import sharding_impls as _sharding_impls
@@ -392,17 +393,33 @@ def execute_without_arguments(executable: Any) -> Any:
   return executable.execute_sharded([], with_tokens=True)
 
 
-def outside_the_program_mesh() -> ContextManager[Any]:
+def _mesh_context_states() -> Tuple[Any, Any]:
+  """The thread's abstract and concrete mesh states that `jax.set_mesh`
+  swaps: in `jax._src.mesh` (jax 0.12) or `jax._src.config` (jax 0.10)."""
+  owner = _mesh if hasattr(_mesh, "device_context") else _config
+  return owner.abstract_mesh_context_manager, owner.device_context
+
+
+@contextlib.contextmanager
+def outside_the_program_mesh() -> Iterator[None]:
   """A context without the mesh that the program set (`jax.set_mesh`),
   whose devices would conflict with those of the barrier's own
   computations.
 
-  Wraps `jax.set_mesh(None)`, which refuses while JAX traces (a barrier
-  called from code being traced): then the mesh stays as it is.
+  Does what `jax.set_mesh(None)` does (`jax._src.sharding_impls.set_mesh`:
+  swaps the thread's meshes for empty ones, checked against jax 0.10.2 and
+  0.12.0.1), without its refusal while JAX traces (a barrier called from
+  code being traced): the barrier's computations are compiled apart from
+  the traced code, and their probes are kept for later barriers.
   """
-  if not _core.trace_state_clean():
-    return contextlib.nullcontext()
-  return jax.set_mesh(None)
+  abstract, concrete = _mesh_context_states()
+  previous_abstract = abstract.swap_local(_sharding_impls.empty_abstract_mesh)
+  previous_concrete = concrete.swap_local(_sharding_impls.empty_concrete_mesh)
+  try:
+    yield
+  finally:
+    abstract.set_local(previous_abstract)
+    concrete.set_local(previous_concrete)
 
 
 def keep_alive_with_executable(ctx: Any, obj: Any) -> None:

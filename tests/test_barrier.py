@@ -224,11 +224,13 @@ def test_barrier_inside_a_mesh_set_by_the_program(busy):
       assert tap.done == [[0.0, 1.0, 2.0, 3.0]]
 
 
-def test_probes_compiled_inside_a_mesh_run_on_their_own_devices():
-  """A step on device 3 whose input was not ready, dispatched before the
-  program set a mesh; the barrier inside the mesh, which compiles its
-  probes there, waits for it (a probe placed on the mesh's devices would
-  not follow it)."""
+@pytest.mark.parametrize("while_tracing", [False, True])
+def test_probes_compiled_inside_a_mesh_run_on_their_own_devices(while_tracing):
+  """A step on device 3 whose input was not ready; a barrier inside a mesh
+  the program set, which compiles its probes there (also from code being
+  traced, where `jax.set_mesh` cannot be left), then waits for it, or the
+  next barrier, which reuses them, does (a probe placed on the mesh's
+  devices would not follow it)."""
   devices = cpu_devices(4)
   recorder = Recorder()
   step = jax.jit(lambda y: hcb.id_tap(recorder, jnp.sum(y[0, :3])))
@@ -237,9 +239,21 @@ def test_probes_compiled_inside_a_mesh_run_on_their_own_devices():
   hcb.barrier_wait()
   recorder.calls.clear()
   _forget_compiled_probes_and_markers()
-  step(_busy(x))  # output dropped at once
-  with jax.set_mesh(jax.sharding.Mesh(np.array(devices), ("x",))):
+
+  def traced(v):
+    hcb.barrier_wait()  # compiles the probes while `traced` is traced
+    return v + 1
+
+  mesh = jax.sharding.Mesh(np.array(devices), ("x",))
+  if while_tracing:
+    with jax.set_mesh(mesh):
+      jax.jit(traced)(jnp.float32(1))
+    step(_busy(x))  # output dropped at once
     hcb.barrier_wait()
+  else:
+    step(_busy(x))
+    with jax.set_mesh(mesh):
+      hcb.barrier_wait()
   np.testing.assert_allclose([float(a) for a in recorder.args],
                              [float(np.sum(_busy(x)[0, :3]))], rtol=1e-5)
 
@@ -280,3 +294,4 @@ def test_a_barrier_called_while_jax_traces_runs_its_markers():
 
   assert float(jax.jit(traced)(jnp.float32(1))) == 2.0
   thread.join()
+
