@@ -294,4 +294,3 @@ def test_a_barrier_called_while_jax_traces_runs_its_markers():
 
   assert float(jax.jit(traced)(jnp.float32(1))) == 2.0
   thread.join()
-
