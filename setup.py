@@ -1,13 +1,23 @@
 """Builds the native transport of host_callback (receiver/native/*.cc), a
 CPython extension module, `host_callback.receiver._native`.
 
-The metadata lives in setup.cfg. The extension is optional: without a C++17
-compiler, or without the XLA FFI headers that jaxlib ships or NumPy's C
-headers, the install still succeeds with one warning, and host_callback uses
-its Python transport.
+The metadata lives in setup.cfg. The extension is built once for every
+supported Python and JAX:
+
+- against the XLA FFI headers of API version 0.3 (JAX 0.10's) kept in
+  `receiver/native/third_party/`, which every supported jaxlib accepts, so
+  the build needs no jaxlib;
+- for CPython's stable ABI of Python 3.11 (`Py_LIMITED_API`), so one
+  `abi3` wheel serves Python 3.11 to 3.13;
+- its sources compiled in parallel, one job per core.
+
+The extension is optional: without a C++17 compiler or NumPy's C headers
+the install still succeeds with one warning, and host_callback uses its
+Python transport.
 """
 
-import importlib.util
+import concurrent.futures
+import glob
 import os
 import sys
 
@@ -15,25 +25,12 @@ from setuptools import Extension, setup
 from setuptools.command.build_ext import build_ext
 
 NATIVE_DIR = os.path.join("receiver", "native")
+FFI_HEADERS_DIR = os.path.join(NATIVE_DIR, "third_party")
+# CPython's stable ABI as of Python 3.11, the oldest supported Python.
+LIMITED_API = "0x030B0000"
 FALLBACK = ("host_callback will use its Python transport, which is slower "
             "(install a C++17 compiler and reinstall host-callback to get "
             "the native one)")
-
-
-def ffi_include_dir():
-  """jaxlib's include directory (what `jax.ffi.include_dir()` returns).
-
-  Found without importing jax, so that the build works with only jaxlib
-  installed (pyproject.toml's build requirements).
-  """
-  spec = importlib.util.find_spec("jaxlib")
-  if spec is None or not spec.submodule_search_locations:
-    return None
-  for location in spec.submodule_search_locations:
-    include = os.path.join(location, "include")
-    if os.path.exists(os.path.join(include, "xla", "ffi", "api", "ffi.h")):
-      return include
-  return None
 
 
 def numpy_include_dir():
@@ -50,20 +47,47 @@ def warn(reason):
   sys.stderr.write(f"WARNING: host_callback: {reason}; {FALLBACK}.\n")
 
 
+def compile_in_parallel(compiler, sources, output_dir=None, macros=None,
+                        include_dirs=None, debug=0, extra_preargs=None,
+                        extra_postargs=None, depends=None):
+  """`CCompiler.compile`, one source per core at a time (distutils compiles
+  an extension's sources one after the other)."""
+  macros, objects, extra_postargs, pp_opts, build = compiler._setup_compile(  # pylint: disable=protected-access
+      output_dir, macros, include_dirs, sources, depends, extra_postargs)
+  cc_args = compiler._get_cc_args(pp_opts, debug, extra_preargs)  # pylint: disable=protected-access
+
+  def compile_one(item):
+    obj, (src, ext) = item
+    compiler._compile(obj, src, ext, cc_args, extra_postargs, pp_opts)  # pylint: disable=protected-access
+
+  with concurrent.futures.ThreadPoolExecutor(os.cpu_count() or 1) as pool:
+    list(pool.map(compile_one, build.items()))
+  return objects
+
+
+def remove_stale_builds():
+  """Deletes the modules that builds for one Python's ABI left in the
+  checkout (`pip install -e` builds in place): Python would import them
+  before the `abi3` one."""
+  for path in glob.glob(os.path.join("receiver", "_native.cpython-*.so")):
+    os.remove(path)
+
+
 class OptionalBuildExt(build_ext):
   """Builds the native library when it can, and warns once when it cannot."""
 
   def build_extension(self, ext):
-    include = ffi_include_dir()
-    if include is None:
-      warn("jaxlib's XLA FFI headers were not found at build time")
-      return
     numpy_include = numpy_include_dir()
     if numpy_include is None:
       warn("NumPy's C headers were not found at build time")
       return
     # System includes: keep the headers' own warnings out of the build log.
-    ext.extra_compile_args += ["-isystem", include, "-isystem", numpy_include]
+    ext.extra_compile_args += ["-isystem", FFI_HEADERS_DIR,
+                               "-isystem", numpy_include]
+    self.compiler.compile = (
+        lambda sources, **kwargs: compile_in_parallel(self.compiler, sources,
+                                                      **kwargs))
+    remove_stale_builds()
     try:
       super().build_extension(ext)
     except Exception as error:  # pylint: disable=broad-except
@@ -85,7 +109,8 @@ HEADERS = (
     "calls.h", "direct_runs.h", "interrupts.h", "receiver_link.h",
     "site_sizes.h", "hub.h", "executions.h", "ffi_common.h", "ffi_cpu.h",
     "cuda_api.h", "cuda_copies.h", "ffi_cuda.h",
-    "python_hooks.h", "python_runner.h", "python_sites.h", "py_memory.h",
+    "python_hooks.h", "python_limited.h", "python_runner.h", "python_sites.h",
+    "py_memory.h",
 )
 
 native = Extension(
@@ -93,8 +118,12 @@ native = Extension(
     # dlopen, for the CUDA runtime found at run time (cuda_api.cc).
     libraries=["dl"],
     sources=[os.path.join(NATIVE_DIR, name) for name in SOURCES],
-    depends=[os.path.join(NATIVE_DIR, name) for name in HEADERS],
+    depends=[os.path.join(NATIVE_DIR, name) for name in HEADERS] + [
+        os.path.join(FFI_HEADERS_DIR, "xla", "ffi", "api", name)
+        for name in ("api.h", "c_api.h", "ffi.h")],
     language="c++",
+    define_macros=[("Py_LIMITED_API", LIMITED_API)],
+    py_limited_api=True,
     extra_compile_args=["-std=c++17", "-O2", "-g0", "-fvisibility=hidden"],
 )
 

@@ -17,7 +17,7 @@ import jax.numpy as jnp
 import numpy as np
 
 import host_callback as hcb
-from host_callback import runtime, settings
+from host_callback import native_handlers
 from host_callback.tqdm import scan_tqdm
 
 STEPS = 200
@@ -58,7 +58,7 @@ def main() -> None:
   def train(params):
     return jax.lax.scan(step, params, jnp.arange(STEPS))
 
-  transport = settings.transport_name(runtime.native_available())
+  transport = native_handlers.transport_for_platform("cpu")
   print(f"host_callback demo on {jax.devices()[0]} ({transport} transport)")
   start = time.perf_counter()
   (w, b), _ = train((jnp.float32(0.0), jnp.float32(0.0)))

@@ -21,7 +21,7 @@ import numpy as np
 from jax.extend.core import Primitive
 
 from . import _jax_adapter as adapter
-from . import lowering_native
+from . import native_handlers
 from ._jax_adapter import mlir
 from .receiver import native_library
 
@@ -37,12 +37,11 @@ execution_mark_p.def_effectful_abstract_eval(lambda *, end: ([], {_EFFECT}))
 def counted(ctx: Any) -> bool:
   """Whether the computation being lowered counts its executions."""
   return (tuple(ctx.module_context.platforms) == ("cpu",) and
-          native_library.available())
+          native_handlers.accepted("cpu"))
 
 
 def _lower_mark_op(ctx: Any, *, end: bool) -> list:
   """The custom call `begin(token) -> token` or `end(token) -> token`."""
-  lowering_native.register_targets()
   target = (native_library.END_TARGET if end
             else native_library.BEGIN_TARGET)
   token_aval = adapter.abstract_token()

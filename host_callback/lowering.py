@@ -23,7 +23,8 @@ import jax
 import numpy as np
 
 from . import _jax_adapter as adapter
-from . import lowering_native, lowering_python, primitive, runtime, settings
+from . import (lowering_native, lowering_python, native_handlers, primitive,
+               runtime, settings)
 from ._jax_adapter import mlir
 from .devices import device_number
 from .host_functions import HostFunction, Transforms
@@ -42,10 +43,11 @@ def is_synchronous(ctx: Any) -> bool:
 
 def transport_for(ctx: Any) -> str:
   """The transport of this lowering, for its one platform (CPU, or CUDA
-  when chosen, see `settings.transport_for_platform`); Python otherwise."""
+  when chosen and XLA took the handlers, see
+  `native_handlers.transport_for_platform`); Python otherwise."""
   platforms = tuple(ctx.module_context.platforms)
-  if (len(platforms) == 1 and settings.transport_for_platform(
-      platforms[0], runtime.native_available()) == "native"):
+  if (len(platforms) == 1 and
+      native_handlers.transport_for_platform(platforms[0]) == "native"):
     return "native"
   return "python"
 

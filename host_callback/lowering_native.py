@@ -12,7 +12,6 @@ are `native/ffi_cuda.cc`'s (copies into pinned memory on the stream).
 
 from __future__ import annotations
 
-import functools
 from typing import Any, List, Sequence
 
 import jax
@@ -21,20 +20,6 @@ import numpy as np
 from . import _jax_adapter as adapter
 from .lowering_kinds import Kind
 from .receiver import native_library
-
-
-@functools.lru_cache(maxsize=None)
-def register_targets(platform: str = "cpu") -> None:
-  """Registers the FFI handlers with XLA for `platform` ('cpu', or 'cuda'
-  once the CUDA runtime's functions are found), once per process."""
-  if platform == "cuda":
-    native_library.load_cuda_runtime()
-    handlers = native_library.cuda_ffi_handlers()
-  else:
-    handlers = native_library.ffi_handlers()
-  for name, handler in handlers.items():
-    jax.ffi.register_ffi_target(name, handler, platform=platform.upper()
-                                if platform == "cuda" else platform)
 
 
 _TARGETS = {Kind.TAP: native_library.OUTFEED_TARGET,
@@ -47,8 +32,6 @@ def emit(ctx: Any, place: adapter.ExecutionPlace, kind: Kind,
          result_avals: Sequence[Any], site: int) -> List[Any]:
   """The custom call that sends `operands`, on a fixed device or on each
   device of a shard_map; returns a call's results."""
-  platform, = ctx.module_context.platforms
-  register_targets(platform)
   # As for JAX's own callbacks (and so the Python transport): a computation
   # that taps has run when its dispatch returns, so that barrier_wait's
   # markers come after it on the device.

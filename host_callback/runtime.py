@@ -15,7 +15,7 @@ import jax
 import numpy as np
 
 from . import _jax_adapter as adapter
-from . import settings
+from . import native_handlers, settings
 from .devices import device_by_number, device_number
 from .host_functions import CallError, HostFunction, Transforms, make_consumer
 from .receiver import (Consumer, PythonTransport, QueueStats, Runtime,
@@ -24,8 +24,9 @@ from .receiver import native_library, transport_native
 
 
 def native_available() -> bool:
-  """Whether the native transport was built and loads."""
-  return native_library.available()
+  """Whether the native transport was built, loads, and XLA took its CPU
+  handlers."""
+  return native_handlers.accepted("cpu")
 
 
 def available_transports() -> List[str]:

@@ -16,7 +16,7 @@ import os
 from types import ModuleType
 from typing import Any, Dict, Optional, Tuple
 
-ABI_VERSION = 11
+ABI_VERSION = 12
 # Names of the FFI targets, as registered with XLA by the JAX side.
 OUTFEED_TARGET = "host_callback_outfeed"
 CALL_TARGET = "host_callback_call"

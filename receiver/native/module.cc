@@ -28,13 +28,14 @@
 #include "hub.h"
 #include "py_memory.h"
 #include "python_hooks.h"
+#include "python_limited.h"
 #include "python_sites.h"
 
 namespace {
 
 // Bumped whenever a function's signature below changes (the module's
 // ABI_VERSION, which receiver/native_library.py checks).
-constexpr int kAbiVersion = 11;
+constexpr int kAbiVersion = 12;
 
 hcb::Hub& hub() { return hcb::Hub::Get(); }
 
@@ -76,11 +77,11 @@ void WithoutGil(Body body) {
 bool Int64s(PyObject* list, std::vector<int64_t>* out) {
   PyObject* sequence = PySequence_Fast(list, "expected a sequence of ints");
   if (sequence == nullptr) return false;
-  const Py_ssize_t count = PySequence_Fast_GET_SIZE(sequence);
+  const Py_ssize_t count = hcb::python::FastSize(sequence);
   out->resize(static_cast<size_t>(count));
   for (Py_ssize_t i = 0; i < count; ++i) {
     (*out)[static_cast<size_t>(i)] =
-        PyLong_AsLongLong(PySequence_Fast_GET_ITEM(sequence, i));
+        PyLong_AsLongLong(hcb::python::FastItem(sequence, i));
   }
   Py_DECREF(sequence);
   return !PyErr_Occurred();
@@ -97,13 +98,13 @@ PyObject* NoneOrRaise(const hcb::Status& status) {
 bool SpanList(PyObject* list, std::vector<hcb::Span>* out) {
   PyObject* sequence = PySequence_Fast(list, "expected (address, bytes) pairs");
   if (sequence == nullptr) return false;
-  const Py_ssize_t count = PySequence_Fast_GET_SIZE(sequence);
+  const Py_ssize_t count = hcb::python::FastSize(sequence);
   out->resize(static_cast<size_t>(count));
   bool ok = true;
   for (Py_ssize_t i = 0; ok && i < count; ++i) {
     unsigned long long address;
     long long bytes;
-    ok = PyArg_ParseTuple(PySequence_Fast_GET_ITEM(sequence, i), "KL",
+    ok = PyArg_ParseTuple(hcb::python::FastItem(sequence, i), "KL",
                           &address, &bytes) != 0;
     (*out)[static_cast<size_t>(i)] = {reinterpret_cast<void*>(address),
                                       static_cast<int64_t>(bytes)};
@@ -295,12 +296,12 @@ PyObject* Reply(PyObject*, PyObject* args) {
   if (!PyArg_ParseTuple(args, "LO", &request_id, &arrays)) return nullptr;
   PyObject* sequence = PySequence_Fast(arrays, "reply: expected a sequence");
   if (sequence == nullptr) return nullptr;
-  const Py_ssize_t count = PySequence_Fast_GET_SIZE(sequence);
+  const Py_ssize_t count = hcb::python::FastSize(sequence);
   std::vector<Py_buffer> buffers;
   buffers.reserve(static_cast<size_t>(count));
   for (Py_ssize_t i = 0; i < count; ++i) {
     Py_buffer buffer;
-    if (PyObject_GetBuffer(PySequence_Fast_GET_ITEM(sequence, i), &buffer,
+    if (PyObject_GetBuffer(hcb::python::FastItem(sequence, i), &buffer,
                            PyBUF_C_CONTIGUOUS) < 0) {
       for (Py_buffer& taken : buffers) PyBuffer_Release(&taken);
       Py_DECREF(sequence);
@@ -485,12 +486,21 @@ PyMODINIT_FUNC PyInit__native() {
   if (!hcb::python::ReadyMemoryType()) return nullptr;
   PyObject* module = PyModule_Create(&module_def);
   if (module == nullptr) return nullptr;
-  Py_INCREF(&hcb::python::MemoryType);
-  if (PyModule_AddObject(module, "Memory",
-                         reinterpret_cast<PyObject*>(
-                             &hcb::python::MemoryType)) < 0 ||
-      PyModule_AddIntConstant(module, "ABI_VERSION", kAbiVersion) < 0) {
-    Py_DECREF(&hcb::python::MemoryType);
+  auto* memory_type = reinterpret_cast<PyObject*>(hcb::python::MemoryType);
+  Py_INCREF(memory_type);
+  if (PyModule_AddObject(module, "Memory", memory_type) < 0) {
+    Py_DECREF(memory_type);
+    Py_DECREF(module);
+    return nullptr;
+  }
+  // The XLA FFI API version of the headers the handlers were built with
+  // (third_party/xla): XLA accepts them when it is at most its own.
+  PyObject* ffi_api_version =
+      Py_BuildValue("(ii)", XLA_FFI_API_MAJOR, XLA_FFI_API_MINOR);
+  if (PyModule_AddIntConstant(module, "ABI_VERSION", kAbiVersion) < 0 ||
+      ffi_api_version == nullptr ||
+      PyModule_AddObject(module, "XLA_FFI_API_VERSION", ffi_api_version) < 0) {
+    Py_XDECREF(ffi_api_version);
     Py_DECREF(module);
     return nullptr;
   }

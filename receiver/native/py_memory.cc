@@ -2,7 +2,10 @@
 
 #include "py_memory.h"
 
+#include <cstddef>
 #include <cstdint>
+
+#include <structmember.h>
 
 namespace hcb::python {
 namespace {
@@ -22,14 +25,15 @@ int GetBuffer(PyObject* self, Py_buffer* view, int flags) {
                            /*readonly=*/0, flags);
 }
 
-PyBufferProcs buffer_procs = {GetBuffer, nullptr};
-
 void Dealloc(PyObject* self) {
   auto* memory = reinterpret_cast<MemoryObject*>(self);
   if (memory->weakrefs != nullptr) PyObject_ClearWeakRefs(self);
   if (memory->block != nullptr) ReturnBlock(memory->block);
   Py_XDECREF(memory->keep);
-  Py_TYPE(self)->tp_free(self);
+  // A heap type: each instance holds a reference to it.
+  PyTypeObject* type = Py_TYPE(self);
+  PyObject_Free(self);
+  Py_DECREF(type);
 }
 
 // Memory(address, nbytes, block=0, keep=None), for the Python receiver:
@@ -56,13 +60,37 @@ PyObject* New(PyTypeObject* type, PyObject* args, PyObject* kwargs) {
                    reinterpret_cast<Block*>(block), keep);
 }
 
+PyMemberDef members[] = {
+    // How the limited API (3.11) sets tp_weaklistoffset.
+    {"__weaklistoffset__", T_PYSSIZET, offsetof(MemoryObject, weakrefs),
+     READONLY, nullptr},
+    {nullptr, 0, 0, 0, nullptr},
+};
+
+PyType_Slot slots[] = {
+    {Py_tp_doc, const_cast<char*>(
+        "Memory(address, nbytes, block=0, keep=None): memory lent to host "
+        "functions, viewed by NumPy arrays through the buffer protocol; a "
+        "pool block goes back to the pool when the last view is gone.")},
+    {Py_bf_getbuffer, reinterpret_cast<void*>(GetBuffer)},
+    {Py_tp_dealloc, reinterpret_cast<void*>(Dealloc)},
+    {Py_tp_new, reinterpret_cast<void*>(New)},
+    {Py_tp_members, members},
+    {0, nullptr},
+};
+
+PyType_Spec spec = {
+    "host_callback.receiver._native.Memory", sizeof(MemoryObject), 0,
+    Py_TPFLAGS_DEFAULT, slots,
+};
+
 }  // namespace
 
-PyTypeObject MemoryType = {PyVarObject_HEAD_INIT(nullptr, 0)};
+PyTypeObject* MemoryType = nullptr;
 
 PyObject* NewMemory(void* data, Py_ssize_t nbytes, Block* block,
                     PyObject* keep) {
-  auto* memory = PyObject_New(MemoryObject, &MemoryType);
+  auto* memory = PyObject_New(MemoryObject, MemoryType);
   if (memory == nullptr) {
     if (block != nullptr) ReturnBlock(block);
     return nullptr;
@@ -77,18 +105,8 @@ PyObject* NewMemory(void* data, Py_ssize_t nbytes, Block* block,
 }
 
 bool ReadyMemoryType() {
-  MemoryType.tp_name = "host_callback.receiver._native.Memory";
-  MemoryType.tp_basicsize = sizeof(MemoryObject);
-  MemoryType.tp_flags = Py_TPFLAGS_DEFAULT;
-  MemoryType.tp_doc =
-      "Memory(address, nbytes, block=0, keep=None): memory lent to host "
-      "functions, viewed by NumPy arrays through the buffer protocol; a "
-      "pool block goes back to the pool when the last view is gone.";
-  MemoryType.tp_as_buffer = &buffer_procs;
-  MemoryType.tp_dealloc = Dealloc;
-  MemoryType.tp_new = New;
-  MemoryType.tp_weaklistoffset = offsetof(MemoryObject, weakrefs);
-  return PyType_Ready(&MemoryType) == 0;
+  MemoryType = reinterpret_cast<PyTypeObject*>(PyType_FromSpec(&spec));
+  return MemoryType != nullptr;
 }
 
 }  // namespace hcb::python

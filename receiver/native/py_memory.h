@@ -13,7 +13,8 @@
 
 namespace hcb::python {
 
-extern PyTypeObject MemoryType;
+// The type, a heap type made by ReadyMemoryType (null before).
+extern PyTypeObject* MemoryType;
 
 // A new Memory over `nbytes` at `data`. It owns `block` (returned to the
 // pool at its end) when not null, and holds a reference to `keep` when not
@@ -21,7 +22,7 @@ extern PyTypeObject MemoryType;
 PyObject* NewMemory(void* data, Py_ssize_t nbytes, Block* block,
                     PyObject* keep);
 
-// Readies the type; false with a Python exception set on failure.
+// Makes the type; false with a Python exception set on failure.
 bool ReadyMemoryType();
 
 }  // namespace hcb::python

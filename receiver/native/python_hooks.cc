@@ -5,6 +5,7 @@
 #include <cstdint>
 
 #include "hub.h"
+#include "python_limited.h"
 #include "python_runner.h"
 
 namespace hcb::python {
@@ -68,7 +69,7 @@ PyObject* SetPythonHook(PyObject* callable, PyObject** slot, Hook hook,
     Py_CLEAR(*slot);
   } else {
     Py_INCREF(callable);
-    Py_XSETREF(*slot, callable);
+    Replace(slot, callable);
     set(hook);
   }
   Py_RETURN_NONE;

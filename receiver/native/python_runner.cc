@@ -16,6 +16,7 @@
 #include "calls.h"
 #include "hub.h"
 #include "py_memory.h"
+#include "python_limited.h"
 #include "python_sites.h"
 
 namespace hcb::python {
@@ -43,13 +44,17 @@ std::string Describe(PyObject* value) {
     PyErr_Clear();
     return text;
   }
-  const char* utf8 = PyUnicode_AsUTF8(str);
+  const char* utf8 = Utf8(str);
   if (utf8 == nullptr) {
     PyErr_Clear();
   } else if (std::strncmp(utf8, "host_callback", 13) == 0) {
     text = utf8;
   } else {
-    text = std::string(Py_TYPE(value)->tp_name) + ": " + utf8;
+    PyObject* type_name = PyType_GetName(Py_TYPE(value));
+    const char* type_utf8 = type_name != nullptr ? Utf8(type_name) : nullptr;
+    if (type_utf8 == nullptr) PyErr_Clear();
+    text = std::string(type_utf8 != nullptr ? type_utf8 : "?") + ": " + utf8;
+    Py_XDECREF(type_name);
   }
   Py_DECREF(str);
   return text;
@@ -87,7 +92,7 @@ DirectOutcome TakeException(std::string* error) {
 
 PyObject* NewArray(const Column& column, void* data, int flags,
                    PyObject* base) {
-  Py_INCREF(column.descr);  // PyArray_NewFromDescr steals it
+  Py_INCREF(reinterpret_cast<PyObject*>(column.descr));  // stolen below
   PyObject* array = PyArray_NewFromDescr(
       &PyArray_Type, column.descr, static_cast<int>(column.dims.size()),
       const_cast<npy_intp*>(column.dims.data()), nullptr, data, flags,
@@ -114,7 +119,7 @@ PyObject* CopiedArray(const Column& column, const void* data) {
       std::memcpy(PyArray_DATA(reinterpret_cast<PyArrayObject*>(packed)), data,
                   column.nbytes);
     }
-    PyObject* array = PyObject_CallOneArg(column.unpack, packed);
+    PyObject* array = CallOne(column.unpack, packed);
     Py_DECREF(packed);
     return array;
   }
@@ -178,7 +183,7 @@ PyObject* Arguments(const Site& site, const DirectRequest& request,
       Py_DECREF(args);
       return nullptr;
     }
-    PyTuple_SET_ITEM(args, static_cast<Py_ssize_t>(i), array);
+    PyTuple_SetItem(args, static_cast<Py_ssize_t>(i), array);
   }
   Py_XDECREF(memory);  // the arrays hold it
   return args;
@@ -191,15 +196,15 @@ bool WriteResults(const Site& site, PyObject* results,
   PyObject* sequence =
       PySequence_Fast(results, "host_callback: a call's results");
   if (sequence == nullptr) return false;
-  const Py_ssize_t count = PySequence_Fast_GET_SIZE(sequence);
+  const Py_ssize_t count = FastSize(sequence);
   std::vector<Py_buffer> buffers;
   buffers.reserve(static_cast<size_t>(count));
   bool ok = true;
   for (Py_ssize_t i = 0; ok && i < count; ++i) {
-    PyObject* item = PySequence_Fast_GET_ITEM(sequence, i);
+    PyObject* item = FastItem(sequence, i);
     PyObject* wired = nullptr;
     if (site.pack_results) {
-      wired = PyObject_CallOneArg(wire, item);
+      wired = CallOne(wire, item);
       item = wired;
     }
     Py_buffer buffer;
@@ -207,7 +212,7 @@ bool WriteResults(const Site& site, PyObject* results,
       ok = false;
     } else if (PyObject_GetBuffer(item, &buffer, PyBUF_C_CONTIGUOUS) < 0) {
       PyErr_Clear();  // e.g. not contiguous: let `wire` make it so
-      PyObject* contiguous = PyObject_CallOneArg(wire, item);
+      PyObject* contiguous = CallOne(wire, item);
       ok = contiguous != nullptr &&
            PyObject_GetBuffer(contiguous, &buffer, PyBUF_C_CONTIGUOUS) == 0;
       Py_XDECREF(contiguous);  // the buffer holds it
@@ -274,7 +279,7 @@ void CheckViews(std::vector<PyObject*>* views, bool* kept) {
 }
 
 std::string KeptMessage(const Site& site) {
-  const char* name = site.name != nullptr ? PyUnicode_AsUTF8(site.name) : "";
+  const char* name = site.name != nullptr ? Utf8(site.name) : "";
   if (name == nullptr) {
     PyErr_Clear();
     name = "";
@@ -338,8 +343,8 @@ DirectOutcome RunWithGil(const DirectRequest& request, std::string* error) {
 void SetRunner(PyObject* new_runner, PyObject* new_wire) {
   Py_XINCREF(new_runner);
   Py_XINCREF(new_wire);
-  Py_XSETREF(runner, new_runner);
-  Py_XSETREF(wire, new_wire);
+  Replace(&runner, new_runner);
+  Replace(&wire, new_wire);
 }
 
 DirectOutcome Run(const DirectRequest& request, std::string* error) {

@@ -50,7 +50,7 @@ struct Site {
     Py_XDECREF(entry);
     Py_XDECREF(name);
     for (Column& column : columns) {
-      Py_XDECREF(column.descr);
+      Py_XDECREF(reinterpret_cast<PyObject*>(column.descr));
       Py_XDECREF(column.unpack);
     }
   }
