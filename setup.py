@@ -101,15 +101,16 @@ SOURCES = (
     "interrupts.cc", "receiver_link.cc", "site_sizes.cc", "hub.cc",
     "ffi_common.cc", "ffi_cpu.cc", "cuda_api.cc", "cuda_copies.cc",
     "ffi_cuda.cc",
-    "module.cc", "python_hooks.cc", "python_runner.cc", "python_sites.cc",
-    "py_memory.cc",
+    "module.cc", "module_support.cc", "module_queues.cc", "module_cuda.cc",
+    "module_testing.cc", "python_hooks.cc", "python_runner.cc",
+    "python_sites.cc", "py_memory.cc",
 )
 HEADERS = (
     "status.h", "packet.h", "waits.h", "block_pool.h", "device_queue.h",
     "calls.h", "direct_runs.h", "interrupts.h", "receiver_link.h",
     "site_sizes.h", "hub.h", "executions.h", "ffi_common.h", "ffi_cpu.h",
     "cuda_api.h", "cuda_copies.h", "ffi_cuda.h",
-    "python_hooks.h", "python_limited.h", "python_runner.h", "python_sites.h",
+    "module_support.h", "python_hooks.h", "python_limited.h", "python_runner.h", "python_sites.h",
     "py_memory.h",
 )
 

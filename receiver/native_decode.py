@@ -15,9 +15,6 @@ from .native_wire import Site, sites, wire_array
 from .packets import Packet, error_message
 
 _logger = logging.getLogger("host_callback")
-# hcb's reply outcome when the results' sizes are not the device's
-# (calls.h:ReplyOutcome).
-_REPLY_SIZE_MISMATCH = 2
 
 
 class NativeReply:
@@ -43,7 +40,7 @@ class NativeReply:
       self.set_error(error)
       return
     self.done = True
-    if outcome == _REPLY_SIZE_MISMATCH:
+    if outcome == native.REPLY_SIZE_MISMATCH:
       raise ValueError(
           "host_callback: a call's results ("
           + ", ".join(f"{a.dtype}{list(a.shape)}"

@@ -2,7 +2,8 @@
 `receiver/native/`): whether it is built, what it hands to XLA, and the
 functions of it that other modules use.
 
-The module (`native/module.cc`) wraps the hub of device queues, block
+The module (`native/module.cc` makes it of its parts, `native/module_*.cc`
+and `native/python_hooks.cc`) wraps the hub of device queues, block
 pool and replies (`native/hub.h`), the count of executions in flight
 (`native/executions.h`), the direct runner that calls host functions from
 the device thread (`native/python_runner.h`) and `Memory`, the owner of

@@ -1,6 +1,7 @@
 """Memory the native receiver lends to host functions.
 
-A packet of at least `LARGE_PACKET_BYTES` lies in a block of its own from
+A packet of at least `native.LARGE_PACKET_BYTES` (packet.h:kLargePacket)
+lies in a block of its own from
 the extension module's pool, written once by the device; the host
 function's arrays are views of it (`lent_block`), and the block goes back
 to the pool once no array views it. Smaller packets are copied in batches
@@ -16,10 +17,6 @@ from typing import Any, Callable
 import numpy as np
 
 from .native_library import native
-
-# Packets this large are lent in blocks instead of copied
-# (native/packet.h:kLargePacket).
-LARGE_PACKET_BYTES = 256 << 10
 
 
 def lent_block(block: int, address: int, nbytes: int) -> np.ndarray:

@@ -26,12 +26,11 @@ import numpy as np
 
 from .native_library import native
 
-HEADER_BYTES = 64
-_ALIGN = 16
-
 
 def _align(n: int) -> int:
-  return (n + _ALIGN - 1) // _ALIGN * _ALIGN
+  """`n` rounded up to where an array may start (packet.h:kAlign)."""
+  align = native.ALIGN_BYTES
+  return (n + align - 1) // align * align
 
 
 def packed_bits(dtype: np.dtype) -> Optional[int]:
@@ -149,7 +148,7 @@ def register_site(consumer_id: int, dtypes: Sequence[np.dtype],
     site_id = _site_ids.get(key)
     if site_id is not None:
       return site_id
-    columns, offset = [], HEADER_BYTES
+    columns, offset = [], native.HEADER_BYTES
     for dtype, shape in zip(key[1], key[2]):
       columns.append(_column(offset, dtype, shape))
       offset += _align(columns[-1].nbytes)

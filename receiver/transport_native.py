@@ -36,8 +36,6 @@ BATCH_BYTES = 512 << 10
 # host function keeps do not keep much unused memory alive.
 MIN_BUFFER_BYTES = 16 << 10
 
-_INDEX_COLUMNS = 6  # take's index rows, see packet.h:IndexEntry
-
 
 class _Device:
   """Receiver-side state of one device queue; used by its consumer thread."""
@@ -53,7 +51,8 @@ class _Device:
     self.finished_bytes = 0
     self._buffer_bytes = MIN_BUFFER_BYTES  # for the next batch
     self._buffers: List[BatchBuffer] = []
-    self._index = np.empty((BATCH_PACKETS, _INDEX_COLUMNS), np.int64)
+    # take's index rows (packet.h:IndexEntry).
+    self._index = np.empty((BATCH_PACKETS, native.INDEX_COLUMNS), np.int64)
     self._index_address = self._index.ctypes.data
 
   def _buffer(self, nbytes: int) -> BatchBuffer:

@@ -110,3 +110,16 @@ def test_refused_handlers_warn_once_and_use_the_python_transport(
       "host-callback release that supports the installed jaxlib (the README "
       "lists the supported JAX versions), or set "
       "JAX_HOST_CALLBACK_TRANSPORT=python to silence this warning.")
+
+
+def test_constants_both_sides_use_agree():
+  """The native module exports its constants; those the Python side also
+  needs without it are checked against them here."""
+  from host_callback import devices  # pylint: disable=import-outside-toplevel
+  from host_callback.receiver import queues  # pylint: disable=import-outside-toplevel
+  native = _native()
+  # The Python transport's consumer waits as long as the native one.
+  assert queues.GUEST_GRACE_SECONDS == pytest.approx(native.GUEST_GRACE_SECONDS)
+  # The CUDA handlers' queue of GPU 0 is the number devices gives it.
+  gpu = type("Gpu", (), {"platform": "cuda", "id": 0})()
+  assert devices.device_number(gpu) == native.CUDA_QUEUE_BASE

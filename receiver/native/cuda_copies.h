@@ -15,12 +15,12 @@
 // (a tap's block: once its packet was consumed, which follows its landing).
 //
 // Threads: device threads (XLA's, in the CUDA handlers, ffi_cuda.cc, or the
-// tests' entry points, module.cc) call Send, CopyIn, CopyOut; each Landing
+// tests' entry points, module_testing.cc) call Send, CopyIn, CopyOut; each Landing
 // has one thread of its own, started on first use and never joined (it
 // sleeps on a condition variable while nothing is in flight, and may be
 // cut off at interpreter exit with events pending). Locks: `mu_` guards
-// `landings_`; a Landing's `mu` guards its fields; a queue's `mu` is taken
-// only with neither held.
+// `landings_`; a Landing's `mu` guards its fields; a queue's own lock is
+// taken (by its methods) only with neither held.
 
 #ifndef HOST_CALLBACK_RECEIVER_NATIVE_CUDA_COPIES_H_
 #define HOST_CALLBACK_RECEIVER_NATIVE_CUDA_COPIES_H_

@@ -18,9 +18,6 @@ constexpr auto kConsumerSpin = std::chrono::microseconds(20);
 // (see DeviceQueue::consumer_pacing): the latency a tap may get.
 constexpr auto kBatchInterval = std::chrono::milliseconds(2);
 constexpr int64_t kHurryBytes = 1 << 20;
-// A consumer woken for taps on an empty queue waits this long before it
-// takes them (unless in a hurry): what a barrier needs to take them first.
-constexpr auto kGuestGrace = std::chrono::microseconds(200);
 // Packets are written into chunks of this size (or one packet's size).
 constexpr int64_t kChunkBytes = 1 << 20;
 // Read chunks kept per device for reuse.
@@ -29,21 +26,21 @@ constexpr size_t kSpareChunks = 2;
 }  // namespace
 
 Chunk* DeviceQueue::ChunkWithRoom(int64_t size) {
-  if (!chunks.empty()) {
-    Chunk* back = chunks.back().get();
+  if (!chunks_.empty()) {
+    Chunk* back = chunks_.back().get();
     if (back->block == nullptr && back->capacity - back->used >= size) {
       return back;
     }
   }
   std::unique_ptr<Chunk> chunk;
-  if (!spare.empty() && size <= kChunkBytes) {
-    chunk = std::move(spare.back());
-    spare.pop_back();
+  if (!spare_.empty() && size <= kChunkBytes) {
+    chunk = std::move(spare_.back());
+    spare_.pop_back();
   } else {
     chunk = std::make_unique<Chunk>(std::max(kChunkBytes, size));
   }
-  chunks.push_back(std::move(chunk));
-  return chunks.back().get();
+  chunks_.push_back(std::move(chunk));
+  return chunks_.back().get();
 }
 
 Status DeviceQueue::WaitForRoom(std::unique_lock<std::mutex>& lock,
@@ -51,7 +48,7 @@ Status DeviceQueue::WaitForRoom(std::unique_lock<std::mutex>& lock,
   ReceiverLink* receiver = links_.receiver;
   // Over the bound, wait for the consumer; a lone packet always fits, so the
   // bytes waiting never exceed the bound plus one packet.
-  while (enqueued > finished && bytes + size > receiver->queue_bound()) {
+  while (enqueued_ > finished_ && bytes_ + size > receiver->queue_bound()) {
     if (!receiver->attached()) {
       lock.unlock();
       if (Status status = receiver->EnsureReceiver(device_id_); !status.ok()) {
@@ -62,8 +59,8 @@ Status DeviceQueue::WaitForRoom(std::unique_lock<std::mutex>& lock,
       lock.lock();
       continue;
     }
-    not_empty.notify_one();  // the consumer frees the room
-    changed.wait_for(lock, kPollInterval);
+    not_empty_.notify_one();  // the consumer frees the room
+    changed_.wait_for(lock, kPollInterval);
     lock.unlock();  // the hook runs Python
     const bool interrupted = links_.interrupts->Interrupted();
     lock.lock();
@@ -82,26 +79,26 @@ Status DeviceQueue::LockWithRoom(int64_t size,
       !status.ok()) {
     return status;
   }
-  *lock = LockSoon(mu);
+  *lock = LockSoon(mu_);
   return WaitForRoom(*lock, size);
 }
 
 void DeviceQueue::CountSent(int64_t size) {
-  bytes += size;
-  high_water = std::max(high_water, bytes);
-  ++enqueued;
+  bytes_ += size;
+  high_water_ = std::max(high_water_, bytes_);
+  ++enqueued_;
 }
 
 void DeviceQueue::CountConsumedAtOnce(int64_t size) {
-  bytes -= size;
-  ++finished;
-  changed.notify_all();
+  bytes_ -= size;
+  ++finished_;
+  changed_.notify_all();
 }
 
 void DeviceQueue::PublishBlock(int64_t size) {
-  unread += size;
-  pushed.store(enqueued, std::memory_order_release);
-  hurry = true;
+  unread_ += size;
+  pushed_.store(enqueued_, std::memory_order_release);
+  hurry_ = true;
   WakeConsumer();
 }
 
@@ -117,11 +114,11 @@ Status DeviceQueue::Push(int64_t site, int64_t request_id, const Span* arrays,
   WritePacket(chunk->begin() + chunk->used, size, site, request_id, arrays,
               num_arrays);
   chunk->used += size;
-  unread += size;
+  unread_ += size;
   CountSent(size);
-  pushed.store(enqueued, std::memory_order_release);
-  if (request_id != 0 || unread >= kHurryBytes || finish_waiters > 0) {
-    hurry = true;
+  pushed_.store(enqueued_, std::memory_order_release);
+  if (request_id != 0 || unread_ >= kHurryBytes || finish_waiters_ > 0) {
+    hurry_ = true;
   }
   WakeConsumer();
   lock.unlock();
@@ -150,7 +147,7 @@ Status DeviceQueue::PushLarge(std::unique_lock<std::mutex>& lock, int64_t size,
                 num_arrays);
     chunk->used = size;
     lock.lock();
-    chunks.push_back(std::move(chunk));  // else ~Chunk returns it
+    chunks_.push_back(std::move(chunk));  // else ~Chunk returns it
   } catch (...) {
     if (!lock.owns_lock()) lock.lock();
     CountConsumedAtOnce(size);
@@ -166,44 +163,44 @@ int64_t DeviceQueue::Take(double timeout_s, uint8_t* dst, int64_t capacity,
                           int64_t* needed) {
   *needed = 0;
   ReceiverLink* receiver = links_.receiver;
-  std::unique_lock<std::mutex> lock = LockSoon(mu);
-  consumer = std::thread::id();  // done with its last batch
+  std::unique_lock<std::mutex> lock = LockSoon(mu_);
+  consumer_ = std::thread::id();  // done with its last batch
   const int64_t generation = receiver->wake_generation();
   auto woken = [&] { return receiver->wake_generation() != generation; };
-  auto ready = [&] { return unread > 0 && !direct_busy; };
+  auto ready = [&] { return unread_ > 0 && !direct_busy_; };
   const auto deadline = Clock::now() + Seconds(timeout_s);
-  auto pace_until = last_take + kBatchInterval;
-  if (!ready() && expect_request) {
-    const int64_t seen = enqueued;
+  auto pace_until = last_take_ + kBatchInterval;
+  if (!ready() && expect_request_) {
+    const int64_t seen = enqueued_;
     lock.unlock();
     Spin(kConsumerSpin, [&] {
-      return pushed.load(std::memory_order_acquire) != seen || woken();
+      return pushed_.load(std::memory_order_acquire) != seen || woken();
     });
     lock.lock();
   }
   while (true) {
     if (!ready()) {
-      consumer_idle = true;
-      not_empty.wait_until(lock, deadline, [&] { return ready() || woken(); });
-      consumer_idle = false;
+      consumer_idle_ = true;
+      not_empty_.wait_until(lock, deadline, [&] { return ready() || woken(); });
+      consumer_idle_ = false;
       if (!ready()) return 0;
       // Woken for taps: a barrier that waits for them may consume them on
       // its own thread (TakeAsGuest) sooner than this thread could hand
       // them back.
       pace_until = std::max(pace_until, Clock::now() + kGuestGrace);
     }
-    if (hurry) break;
-    consumer_pacing = true;
-    not_empty.wait_until(lock, std::min(deadline, pace_until),
-                         [&] { return hurry || woken(); });
-    consumer_pacing = false;
+    if (hurry_) break;
+    consumer_pacing_ = true;
+    not_empty_.wait_until(lock, std::min(deadline, pace_until),
+                          [&] { return hurry_ || woken(); });
+    consumer_pacing_ = false;
     if (ready()) break;
     if (woken() || Clock::now() >= deadline) return 0;
     // A guest took the taps meanwhile: wait for the next ones here rather
     // than return empty-handed to the Python receiver, which would take
     // the GIL at every step of a loop that calls barrier_wait.
   }
-  last_take = Clock::now();
+  last_take_ = Clock::now();
   return TakeWaiting(lock, dst, capacity, index, max_packets, needed,
                      /*by_consumer=*/true);
 }
@@ -211,22 +208,22 @@ int64_t DeviceQueue::Take(double timeout_s, uint8_t* dst, int64_t capacity,
 int64_t DeviceQueue::TakeAsGuest(uint8_t* dst, int64_t capacity,
                                  IndexEntry* index, int64_t* needed) {
   *needed = 0;
-  std::unique_lock<std::mutex> lock(mu);
+  std::unique_lock<std::mutex> lock(mu_);
   // No consumer holds a batch (it would finish it first), no host function
   // runs on a device thread, and a packet waits.
-  if (consumer != std::thread::id() || direct_depth > 0 || unread == 0) {
+  if (consumer_ != std::thread::id() || direct_depth_ > 0 || unread_ == 0) {
     return 0;
   }
   // Claimed before TakeWaiting unlocks: the consumer takes nothing after
   // the guest's packet until the guest has consumed it.
-  guest = true;
+  guest_ = true;
   Claim();
   const int64_t count = TakeWaiting(lock, dst, capacity, index,
                                     /*max_packets=*/1, needed,
                                     /*by_consumer=*/false);
-  guest_packets = count;
-  guest_bytes = 0;
-  for (int64_t i = 0; i < count; ++i) guest_bytes += index[i].size;
+  guest_packets_ = count;
+  guest_bytes_ = 0;
+  for (int64_t i = 0; i < count; ++i) guest_bytes_ += index[i].size;
   if (count == 0) {  // too large for `dst`, or dropped: nothing to consume
     lock.unlock();
     EndGuest();
@@ -235,13 +232,13 @@ int64_t DeviceQueue::TakeAsGuest(uint8_t* dst, int64_t capacity,
 }
 
 void DeviceQueue::EndGuest() {
-  std::lock_guard<std::mutex> lock(mu);
-  if (!guest || direct_owner != std::this_thread::get_id()) return;
-  finished += guest_packets;
-  bytes -= guest_bytes;
-  guest = false;
-  guest_packets = guest_bytes = 0;
-  changed.notify_all();
+  std::lock_guard<std::mutex> lock(mu_);
+  if (!guest_ || direct_owner_ != std::this_thread::get_id()) return;
+  finished_ += guest_packets_;
+  bytes_ -= guest_bytes_;
+  guest_ = false;
+  guest_packets_ = guest_bytes_ = 0;
+  changed_.notify_all();
   ReleaseClaim();
 }
 
@@ -260,43 +257,43 @@ int64_t DeviceQueue::TakeWaiting(std::unique_lock<std::mutex>& lock,
   // Allocated before anything changes: nothing below throws.
   std::vector<Piece> pieces;
   std::vector<std::unique_ptr<Chunk>> retired;  // read to their end
-  pieces.reserve(chunks.size());
-  retired.reserve(chunks.size());
+  pieces.reserve(chunks_.size());
+  retired.reserve(chunks_.size());
   int64_t taken_bytes = 0, packets = 0;
-  while (packets < max_packets && !chunks.empty()) {
-    Chunk* chunk = chunks.front().get();
+  while (packets < max_packets && !chunks_.empty()) {
+    Chunk* chunk = chunks_.front().get();
     if (chunk->block != nullptr) {  // a large packet, complete once queued
       pieces.push_back({chunk->block->data, chunk->used, chunk->block});
       chunk->block = nullptr;
-      unread -= chunk->used;
+      unread_ -= chunk->used;
       ++packets;
-      retired.push_back(std::move(chunks.front()));
-      chunks.pop_front();
+      retired.push_back(std::move(chunks_.front()));
+      chunks_.pop_front();
       continue;
     }
-    const int64_t begin = read_offset;
-    while (read_offset < chunk->used && packets < max_packets) {
-      const int64_t size = ReadHeader(chunk->begin() + read_offset).size;
+    const int64_t begin = read_offset_;
+    while (read_offset_ < chunk->used && packets < max_packets) {
+      const int64_t size = ReadHeader(chunk->begin() + read_offset_).size;
       if (taken_bytes + size > capacity) {
         if (packets == 0) *needed = size;
         break;
       }
-      read_offset += size;
+      read_offset_ += size;
       taken_bytes += size;
       ++packets;
     }
-    if (read_offset > begin) {
-      pieces.push_back({chunk->begin() + begin, read_offset - begin, nullptr});
-      unread -= read_offset - begin;
+    if (read_offset_ > begin) {
+      pieces.push_back({chunk->begin() + begin, read_offset_ - begin, nullptr});
+      unread_ -= read_offset_ - begin;
     }
     // Stop in a chunk not read to its end, or where the device still writes.
-    if (read_offset < chunk->used || chunks.size() == 1) break;
-    retired.push_back(std::move(chunks.front()));
-    chunks.pop_front();
-    read_offset = 0;
+    if (read_offset_ < chunk->used || chunks_.size() == 1) break;
+    retired.push_back(std::move(chunks_.front()));
+    chunks_.pop_front();
+    read_offset_ = 0;
   }
-  if (packets > 0 && by_consumer) consumer = std::this_thread::get_id();
-  hurry = unread > 0;  // a backlog: the next batch at once
+  if (packets > 0 && by_consumer) consumer_ = std::this_thread::get_id();
+  hurry_ = unread_ > 0;  // a backlog: the next batch at once
   lock.unlock();
 
   // Its device gave up waiting for a request: nobody to answer.
@@ -337,18 +334,18 @@ int64_t DeviceQueue::TakeWaiting(std::unique_lock<std::mutex>& lock,
     }
   }
   lock.lock();
-  if (by_consumer) expect_request = requests;
+  if (by_consumer) expect_request_ = requests;
   if (dropped > 0) {
-    finished += dropped;
-    bytes -= dropped_bytes;
-    changed.notify_all();
+    finished_ += dropped;
+    bytes_ -= dropped_bytes;
+    changed_.notify_all();
   }
   for (std::unique_ptr<Chunk>& chunk : retired) {
-    if (spare.size() < kSpareChunks && chunk->data != nullptr &&
+    if (spare_.size() < kSpareChunks && chunk->data != nullptr &&
         chunk->capacity == kChunkBytes) {
       chunk->used = 0;
       try {
-        spare.push_back(std::move(chunk));
+        spare_.push_back(std::move(chunk));
       } catch (const std::bad_alloc&) {
         break;  // reuse is optional; `retired` frees the rest
       }
@@ -358,27 +355,27 @@ int64_t DeviceQueue::TakeWaiting(std::unique_lock<std::mutex>& lock,
 }
 
 void DeviceQueue::Release(int64_t packets, int64_t released_bytes) {
-  std::lock_guard<std::mutex> lock(mu);
-  finished += packets;
-  bytes -= released_bytes;
-  if (consumer == std::this_thread::get_id()) consumer = std::thread::id();
-  changed.notify_all();
+  std::lock_guard<std::mutex> lock(mu_);
+  finished_ += packets;
+  bytes_ -= released_bytes;
+  if (consumer_ == std::this_thread::get_id()) consumer_ = std::thread::id();
+  changed_.notify_all();
 }
 
 Status DeviceQueue::Reserve(int64_t size) {
   std::unique_lock<std::mutex> lock;
   if (Status status = LockWithRoom(size, &lock); !status.ok()) return status;
   CountSent(size);
-  ++reserved;
+  ++reserved_;
   return Status();
 }
 
 bool DeviceQueue::AppendReserved(std::unique_ptr<Chunk>& chunk) {
-  std::lock_guard<std::mutex> lock(mu);
+  std::lock_guard<std::mutex> lock(mu_);
   const int64_t size = chunk->used;
-  --reserved;
+  --reserved_;
   try {
-    chunks.push_back(std::move(chunk));
+    chunks_.push_back(std::move(chunk));
   } catch (const std::bad_alloc&) {
     CountConsumedAtOnce(size);  // the caller keeps the chunk
     return false;
@@ -388,22 +385,91 @@ bool DeviceQueue::AppendReserved(std::unique_ptr<Chunk>& chunk) {
 }
 
 void DeviceQueue::CancelReserved(int64_t size) {
-  std::lock_guard<std::mutex> lock(mu);
-  --reserved;
+  std::lock_guard<std::mutex> lock(mu_);
+  --reserved_;
   CountConsumedAtOnce(size);
 }
 
 bool DeviceQueue::WaitFinished(int64_t target, double timeout_s) {
-  std::unique_lock<std::mutex> lock(mu);
-  ++finish_waiters;  // packets pushed meanwhile hurry the consumer
-  if (unread > 0) {
-    hurry = true;
+  std::unique_lock<std::mutex> lock(mu_);
+  ++finish_waiters_;  // packets pushed meanwhile hurry the consumer
+  if (unread_ > 0) {
+    hurry_ = true;
     WakeConsumer();
   }
-  const bool reached = changed.wait_for(lock, Seconds(timeout_s),
-                                        [&] { return finished >= target; });
-  --finish_waiters;
+  const bool reached = changed_.wait_for(lock, Seconds(timeout_s),
+                                         [&] { return finished_ >= target; });
+  --finish_waiters_;
   return reached;
+}
+
+DeviceQueue::Stats DeviceQueue::ReadStats() {
+  std::lock_guard<std::mutex> lock(mu_);
+  return Stats{bytes_, enqueued_ - finished_, high_water_, enqueued_};
+}
+
+void DeviceQueue::RestartHighWater() {
+  std::lock_guard<std::mutex> lock(mu_);
+  high_water_ = bytes_;
+}
+
+bool DeviceQueue::HasUntaken() {
+  std::lock_guard<std::mutex> lock(mu_);
+  return unread_ > 0 || reserved_ > 0;
+}
+
+void DeviceQueue::WakeWaiters() {
+  std::lock_guard<std::mutex> lock(mu_);
+  changed_.notify_all();
+}
+
+void DeviceQueue::WakeConsumerToStop() {
+  std::lock_guard<std::mutex> lock(mu_);
+  not_empty_.notify_all();
+}
+
+bool DeviceQueue::Drained() {
+  std::lock_guard<std::mutex> lock(mu_);
+  return enqueued_ == finished_;
+}
+
+bool DeviceQueue::ClaimIfIdle() {
+  std::lock_guard<std::mutex> lock(mu_);
+  if (direct_depth_ > 0 && direct_owner_ != std::this_thread::get_id()) {
+    return false;
+  }
+  // Finished counts lag until the consumer's next Take: a consumer between
+  // batches still counts as busy, so order with queued packets holds.
+  if (enqueued_ != finished_) return false;
+  Claim();
+  return true;
+}
+
+void DeviceQueue::EndClaim() {
+  std::lock_guard<std::mutex> lock(mu_);
+  if (--direct_depth_ > 0) return;
+  ReleaseClaim();
+}
+
+bool DeviceQueue::ConsumingOnThisThread() {
+  std::lock_guard<std::mutex> lock(mu_);
+  return consumer_ == std::this_thread::get_id();
+}
+
+bool DeviceQueue::SuspendClaim() {
+  std::lock_guard<std::mutex> lock(mu_);
+  if (direct_depth_ == 0 || direct_owner_ != std::this_thread::get_id() ||
+      !direct_busy_) {
+    return false;
+  }
+  direct_busy_ = false;
+  not_empty_.notify_all();
+  return true;
+}
+
+void DeviceQueue::ResumeClaim() {
+  std::lock_guard<std::mutex> lock(mu_);
+  direct_busy_ = true;
 }
 
 }  // namespace hcb

@@ -5,10 +5,11 @@
 // Threads: the device's threads push (the FFI handlers, through Hub::Send
 // and Hub::Call); one consumer thread at a time takes and releases (the
 // Python receiver, through the extension module); any thread may wait for
-// finished packets. `mu` guards every non-atomic field, including the direct
-// runs' claim (direct_runs.h), which Take respects. A large packet's block
-// is acquired from the queue's BlockPool, and the reply table of Calls is
-// asked, with `mu` unlocked.
+// finished packets. Its lock, `mu_`, is its own: it guards every
+// non-atomic field, including the direct runs' claim (direct_runs.h), which
+// Take respects; others reach the state only through the methods below. A
+// large packet's block is acquired from the queue's BlockPool, and the
+// reply table of Calls is asked, with `mu_` unlocked.
 
 #ifndef HOST_CALLBACK_RECEIVER_NATIVE_DEVICE_QUEUE_H_
 #define HOST_CALLBACK_RECEIVER_NATIVE_DEVICE_QUEUE_H_
@@ -47,8 +48,13 @@ struct Chunk {
   std::unique_ptr<uint8_t[]> data;
   Block* block = nullptr;  // owned: a large packet's, until Take lends it
   int64_t capacity;
-  int64_t used = 0;  // bytes of complete packets; guarded by the queue's `mu`
+  int64_t used = 0;  // bytes of complete packets; guarded by the queue's `mu_`
 };
+
+// A consumer woken for taps on an empty queue waits this long before it
+// takes them (unless in a hurry): what a barrier needs to take them first.
+// The Python transport waits as long (module.cc exports it).
+constexpr auto kGuestGrace = std::chrono::microseconds(200);
 
 // The parts a queue works with, set once when it is made (Hub::Queue).
 struct QueueLinks {
@@ -110,106 +116,144 @@ class DeviceQueue {
   // Waits up to `timeout_s` until `target` packets are finished.
   bool WaitFinished(int64_t target, double timeout_s);
 
-  // Under `mu`: the calling thread claims the device, or deepens its claim
-  // (a direct run, or a guest): the consumer takes nothing meanwhile.
-  void Claim() {
-    if (direct_depth++ == 0) direct_owner = std::this_thread::get_id();
-    direct_busy = true;
-  }
-  // Under `mu`: the last claim ends; the consumer takes again, at once if
-  // packets arrived meanwhile.
-  void ReleaseClaim() {
-    direct_depth = 0;
-    direct_owner = std::thread::id();
-    direct_busy = false;
-    if (unread > 0) {
-      hurry = true;
-      WakeConsumer();
-    }
-  }
+  // What the module reports of the queue (native_library.stats).
+  struct Stats {
+    int64_t bytes;       // pushed and not yet released
+    int64_t waiting;     // packets pushed and not finished
+    int64_t high_water;  // the most `bytes` since the receiver attached
+    int64_t enqueued;    // packets ever pushed
+  };
+  Stats ReadStats();
+  // A receiver attached: the high-water mark restarts from now.
+  void RestartHighWater();
+  // Whether packets wait that no consumer has taken, or are reserved and
+  // not landed (Hub::Detach: left for the next receiver).
+  bool HasUntaken();
+  // Wakes the devices that wait for room and the threads in WaitFinished,
+  // so that they re-check the receiver (stopped, or no restart hook).
+  void WakeWaiters();
+  // Wakes the consumer waiting in Take, so that it re-checks its stop flag.
+  void WakeConsumerToStop();
+  // Whether every packet pushed so far is finished.
+  bool Drained();
 
-  // Under `mu`: wakes the consumer if it sleeps on an empty queue, or if it
-  // paces itself and the queue is in a hurry.
-  void WakeConsumer() {
-    if (consumer_idle || (consumer_pacing && hurry)) not_empty.notify_one();
-  }
-
-  std::mutex mu;
-  std::condition_variable not_empty;  // the consumer waits on it
-  std::condition_variable changed;    // senders and finish-waiters wait on it
-  // Front: the chunk being read from `read_offset`; back: being written.
-  std::deque<std::unique_ptr<Chunk>> chunks;
-  int64_t read_offset = 0;
-  int64_t unread = 0;                 // bytes pushed, not yet taken
-  std::vector<std::unique_ptr<Chunk>> spare;  // read chunks kept for reuse
-  // The consumer sleeps in Take because the queue is empty (`idle`: the next
-  // packet wakes it), or because it paces itself (`pacing`: only a hurry
-  // wakes it). Taps are taken in batches, at most one per kBatchInterval:
-  // each batch costs a Python consumer a GIL hand-off with the thread that
-  // dispatches, which costs a jitted step more than its tap.
-  bool consumer_idle = false;
-  bool consumer_pacing = false;
-  std::chrono::steady_clock::time_point last_take;
-  // Take the next batch now: a request, a large packet, kHurryBytes or a
-  // finish-waiter waits, or the last batch left a backlog (Take sets it to
-  // whether unread bytes remain).
-  bool hurry = false;
-  int finish_waiters = 0;             // threads in WaitFinished
-  bool expect_request = false;        // the last batch held one: spin first
-  // Host functions run on a device thread (DirectRuns), nested
-  // `direct_depth` deep in `direct_owner`, or a guest's (TakeAsGuest): the
-  // consumer takes nothing while `direct_busy`, unless the owner waits for
-  // the consumer (nested request).
-  bool direct_busy = false;
-  int direct_depth = 0;
-  std::thread::id direct_owner;
-  // The claim is a guest's (TakeAsGuest), who took these and has not
-  // finished them.
-  bool guest = false;
-  int64_t guest_packets = 0;
-  int64_t guest_bytes = 0;
-  // The consumer thread while it consumes a taken batch (until its next Take).
-  std::thread::id consumer;
-  int64_t bytes = 0;                  // pushed and not yet released
-  int64_t reserved = 0;               // Reserve'd packets not yet landed
-  int64_t high_water = 0;
-  int64_t enqueued = 0;               // packets ever pushed
-  int64_t finished = 0;               // packets released (consumed)
-  // Mirrors `enqueued` for a consumer that polls without `mu`; on its own
-  // cache line, so that polling does not slow the device's writes.
-  alignas(64) std::atomic<int64_t> pushed{0};
+  // Direct runs (direct_runs.h). The calling thread claims the device for
+  // a host function run on it when nothing is queued or being consumed, or
+  // deepens its own claim; false when it may not. The consumer takes
+  // nothing while the device is claimed.
+  bool ClaimIfIdle();
+  // Ends one level of the calling thread's claim; the last one releases
+  // the device, and the consumer takes again.
+  void EndClaim();
+  // Whether the calling thread is the queue's consumer, inside a batch.
+  bool ConsumingOnThisThread();
+  // While the claim's owner waits for the consumer (a request of its own
+  // device), the consumer may take: returns whether a claim was suspended,
+  // to ResumeClaim.
+  bool SuspendClaim();
+  void ResumeClaim();
 
  private:
   Chunk* ChunkWithRoom(int64_t size);
-  // Under `mu` (held by `lock`, released while it copies): describes up to
+  // Under `mu_` (held by `lock`, released while it copies): describes up to
   // `max_packets` waiting packets, as Take does; the consumer's batch when
   // `by_consumer`, else a guest's.
   int64_t TakeWaiting(std::unique_lock<std::mutex>& lock, uint8_t* dst,
                       int64_t capacity, IndexEntry* index,
                       int64_t max_packets, int64_t* needed, bool by_consumer);
-  // Under `mu` (held by `lock`, released while it waits): waits while the
+  // Under `mu_` (held by `lock`, released while it waits): waits while the
   // queue is over its bound.
   Status WaitForRoom(std::unique_lock<std::mutex>& lock, int64_t size);
-  // Push and Reserve: makes sure a receiver is attached, then takes `mu` in
+  // Push and Reserve: makes sure a receiver is attached, then takes `mu_` in
   // `*lock` once the queue has room for `size` more bytes.
   Status LockWithRoom(int64_t size, std::unique_lock<std::mutex>* lock);
-  // Under `mu`: counts a packet of `size` bytes as sent, in the bound and
+  // Under `mu_`: counts a packet of `size` bytes as sent, in the bound and
   // for barriers and direct runs.
   void CountSent(int64_t size);
-  // Under `mu`: a packet counted as sent that will never be queued counts as
+  // Under `mu_`: a packet counted as sent that will never be queued counts as
   // consumed at once.
   void CountConsumedAtOnce(int64_t size);
-  // Under `mu`: the packet just queued in a block of its own (lent to the
+  // Under `mu_`: the packet just queued in a block of its own (lent to the
   // consumer, not copied) is ready to be taken.
   void PublishBlock(int64_t size);
   // Push for a large packet: reserves its room in the bound, copies it into
-  // a block with `mu` unlocked, then queues it.
+  // a block with `mu_` unlocked, then queues it.
   Status PushLarge(std::unique_lock<std::mutex>& lock, int64_t size,
                    int64_t site, int64_t request_id, const Span* arrays,
                    size_t num_arrays);
 
+  // Under `mu_`: the calling thread claims the device, or deepens its
+  // claim (a direct run, or a guest).
+  void Claim() {
+    if (direct_depth_++ == 0) direct_owner_ = std::this_thread::get_id();
+    direct_busy_ = true;
+  }
+  // Under `mu_`: the last claim ends; the consumer takes again, at once if
+  // packets arrived meanwhile.
+  void ReleaseClaim() {
+    direct_depth_ = 0;
+    direct_owner_ = std::thread::id();
+    direct_busy_ = false;
+    if (unread_ > 0) {
+      hurry_ = true;
+      WakeConsumer();
+    }
+  }
+  // Under `mu_`: wakes the consumer if it sleeps on an empty queue, or if
+  // it paces itself and the queue is in a hurry.
+  void WakeConsumer() {
+    if (consumer_idle_ || (consumer_pacing_ && hurry_)) {
+      not_empty_.notify_one();
+    }
+  }
+
   const int64_t device_id_;
   const QueueLinks links_;
+
+  std::mutex mu_;
+  std::condition_variable not_empty_;  // the consumer waits on it
+  std::condition_variable changed_;    // senders and finish-waiters wait on it
+  // Front: the chunk being read from `read_offset_`; back: being written.
+  std::deque<std::unique_ptr<Chunk>> chunks_;
+  int64_t read_offset_ = 0;
+  int64_t unread_ = 0;                 // bytes pushed, not yet taken
+  std::vector<std::unique_ptr<Chunk>> spare_;  // read chunks kept for reuse
+  // The consumer sleeps in Take because the queue is empty (`idle`: the next
+  // packet wakes it), or because it paces itself (`pacing`: only a hurry
+  // wakes it). Taps are taken in batches, at most one per kBatchInterval:
+  // each batch costs a Python consumer a GIL hand-off with the thread that
+  // dispatches, which costs a jitted step more than its tap.
+  bool consumer_idle_ = false;
+  bool consumer_pacing_ = false;
+  std::chrono::steady_clock::time_point last_take_;
+  // Take the next batch now: a request, a large packet, kHurryBytes or a
+  // finish-waiter waits, or the last batch left a backlog (Take sets it to
+  // whether unread bytes remain).
+  bool hurry_ = false;
+  int finish_waiters_ = 0;             // threads in WaitFinished
+  bool expect_request_ = false;        // the last batch held one: spin first
+  // Host functions run on a device thread (DirectRuns), nested
+  // `direct_depth_` deep in `direct_owner_`, or a guest's (TakeAsGuest): the
+  // consumer takes nothing while `direct_busy_`, unless the owner waits for
+  // the consumer (nested request).
+  bool direct_busy_ = false;
+  int direct_depth_ = 0;
+  std::thread::id direct_owner_;
+  // The claim is a guest's (TakeAsGuest), who took these and has not
+  // finished them.
+  bool guest_ = false;
+  int64_t guest_packets_ = 0;
+  int64_t guest_bytes_ = 0;
+  // The consumer thread while it consumes a taken batch (until its next Take).
+  std::thread::id consumer_;
+  int64_t bytes_ = 0;                  // pushed and not yet released
+  int64_t reserved_ = 0;               // Reserve'd packets not yet landed
+  int64_t high_water_ = 0;
+  int64_t enqueued_ = 0;               // packets ever pushed
+  int64_t finished_ = 0;               // packets released (consumed)
+  // Mirrors `enqueued_` for a consumer that polls without `mu_`; on its own
+  // cache line, so that polling does not slow the device's writes.
+  alignas(64) std::atomic<int64_t> pushed_{0};
 };
 
 }  // namespace hcb

@@ -2,42 +2,18 @@
 
 #include "direct_runs.h"
 
-#include <mutex>
-#include <thread>
 #include <utility>
 
 namespace hcb {
-namespace {
-
-// Claims the device for a direct run when nothing is queued or being
-// consumed; false otherwise. Nested runs on the owner's thread deepen it.
-bool BeginDirect(DeviceQueue* queue) {
-  std::lock_guard<std::mutex> lock(queue->mu);
-  const std::thread::id me = std::this_thread::get_id();
-  if (queue->direct_depth > 0 && queue->direct_owner != me) return false;
-  // Finished counts lag until the consumer's next Take: a consumer between
-  // batches still counts as busy, so order with queued packets holds.
-  if (queue->enqueued != queue->finished) return false;
-  queue->Claim();
-  return true;
-}
-
-void EndDirect(DeviceQueue* queue) {
-  std::lock_guard<std::mutex> lock(queue->mu);
-  if (--queue->direct_depth > 0) return;
-  queue->ReleaseClaim();
-}
-
-}  // namespace
 
 bool DirectRuns::TryRun(DeviceQueue* queue, const DirectRequest& request,
                         Status* status) {
   DirectRunner runner = runner_.load(std::memory_order_seq_cst);
-  if (runner == nullptr || !BeginDirect(queue)) return false;
-  struct End {
+  if (runner == nullptr || !queue->ClaimIfIdle()) return false;
+  struct EndClaim {
     DeviceQueue* queue;
-    ~End() { EndDirect(queue); }
-  } end{queue};
+    ~EndClaim() { queue->EndClaim(); }
+  } end_claim{queue};
   std::string error;
   switch (runner(request, &error)) {
     case DirectOutcome::kDone:
@@ -57,24 +33,14 @@ bool DirectRuns::TryRun(DeviceQueue* queue, const DirectRequest& request,
 }
 
 bool DirectRuns::IsConsumer(DeviceQueue* queue) {
-  std::lock_guard<std::mutex> lock(queue->mu);
-  return queue->consumer == std::this_thread::get_id();
+  return queue->ConsumingOnThisThread();
 }
 
-DirectRuns::Suspension::Suspension(DeviceQueue* queue) : queue_(queue) {
-  std::lock_guard<std::mutex> lock(queue->mu);
-  active_ = queue->direct_depth > 0 &&
-            queue->direct_owner == std::this_thread::get_id() &&
-            queue->direct_busy;
-  if (!active_) return;
-  queue->direct_busy = false;
-  queue->not_empty.notify_all();
-}
+DirectRuns::Suspension::Suspension(DeviceQueue* queue)
+    : queue_(queue), active_(queue->SuspendClaim()) {}
 
 DirectRuns::Suspension::~Suspension() {
-  if (!active_) return;
-  std::lock_guard<std::mutex> lock(queue_->mu);
-  queue_->direct_busy = true;
+  if (active_) queue_->ResumeClaim();
 }
 
 }  // namespace hcb

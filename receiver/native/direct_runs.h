@@ -9,7 +9,7 @@
 //
 // Device threads call TryRun and Suspension, the consumer's host functions
 // IsConsumer; the extension module sets the hooks with the GIL (atomics).
-// The claim lives in the DeviceQueue's `direct_*` fields, under its `mu`.
+// The claim is the DeviceQueue's (ClaimIfIdle, EndClaim, SuspendClaim).
 
 #ifndef HOST_CALLBACK_RECEIVER_NATIVE_DIRECT_RUNS_H_
 #define HOST_CALLBACK_RECEIVER_NATIVE_DIRECT_RUNS_H_

@@ -1,5 +1,5 @@
 // The CPU's XLA FFI handlers of host_callback's targets (ffi_cpu.cc), which
-// the extension module hands to JAX as PyCapsules (module.cc).
+// the extension module hands to JAX as PyCapsules (module_queues.cc).
 
 #ifndef HOST_CALLBACK_RECEIVER_NATIVE_FFI_CPU_H_
 #define HOST_CALLBACK_RECEIVER_NATIVE_FFI_CPU_H_

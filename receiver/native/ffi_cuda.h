@@ -1,6 +1,6 @@
 // The CUDA platform's XLA FFI handlers of host_callback's tap and call
 // targets (ffi_cuda.cc), which the extension module hands to JAX as
-// PyCapsules (module.cc) for registration on the "CUDA" platform, only when
+// PyCapsules (module_cuda.cc) for registration on the "CUDA" platform, only when
 // JAX has a CUDA backend. A GPU has no synchronous taps (its taps are
 // always in the outfeed mode) and does not count executions (begin, end:
 // CPU only, host_callback/executions.py).

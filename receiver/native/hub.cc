@@ -22,11 +22,8 @@ void Hub::Attach(int64_t max_bytes) {
   receiver_.set_queue_bound(max_bytes);
   pool_.SetQueueBound(max_bytes);
   cuda_.SetQueueBound(max_bytes);
-  std::lock_guard<std::mutex> lock(mu_);
-  for (auto& [device_id, queue] : queues_) {
-    std::lock_guard<std::mutex> queue_lock(queue->mu);
-    queue->high_water = queue->bytes;  // statistics start with the receiver
-  }
+  // Statistics start with the receiver.
+  ForEachQueue([](DeviceQueue& queue) { queue.RestartHighWater(); });
   receiver_.set_attached(true);
 }
 
@@ -35,12 +32,10 @@ bool Hub::Detach() {
   // that pushed before is seen below. Either way its packet is not orphaned.
   receiver_.set_attached(false);
   bool pending = calls_.AnyWaiting();
-  std::lock_guard<std::mutex> lock(mu_);
-  for (auto& [device_id, queue] : queues_) {
-    std::lock_guard<std::mutex> queue_lock(queue->mu);
-    pending = pending || queue->unread > 0 || queue->reserved > 0;
-    queue->changed.notify_all();
-  }
+  ForEachQueue([&pending](DeviceQueue& queue) {
+    pending = queue.HasUntaken() || pending;
+    queue.WakeWaiters();
+  });
   return pending;
 }
 
@@ -48,32 +43,21 @@ void Hub::SetRestartHook(RestartHook hook) {
   receiver_.set_restart_hook(hook);
   if (hook != nullptr) return;
   // Wake the devices that wait, so that they fail instead.
-  {
-    std::lock_guard<std::mutex> lock(mu_);
-    for (auto& [device_id, queue] : queues_) {
-      std::lock_guard<std::mutex> queue_lock(queue->mu);
-      queue->changed.notify_all();
-    }
-  }
+  ForEachQueue([](DeviceQueue& queue) { queue.WakeWaiters(); });
   calls_.WakeAll();
 }
 
 void Hub::WakeConsumers() {
   receiver_.NextWakeGeneration();
-  std::lock_guard<std::mutex> lock(mu_);
-  for (auto& [device_id, queue] : queues_) {
-    std::lock_guard<std::mutex> queue_lock(queue->mu);
-    queue->not_empty.notify_all();
-  }
+  ForEachQueue([](DeviceQueue& queue) { queue.WakeConsumerToStop(); });
 }
 
 bool Hub::Drained() {
-  std::lock_guard<std::mutex> lock(mu_);
-  for (auto& [device_id, queue] : queues_) {
-    std::lock_guard<std::mutex> queue_lock(queue->mu);
-    if (queue->enqueued != queue->finished) return false;
-  }
-  return true;
+  bool drained = true;
+  ForEachQueue([&drained](DeviceQueue& queue) {
+    drained = drained && queue.Drained();
+  });
+  return drained;
 }
 
 DeviceQueue* Hub::Queue(int64_t device_id) {

@@ -8,14 +8,15 @@
 //
 // Device threads enter through Send and Call (from the FFI handlers,
 // ffi_cpu.cc); the Python receiver reaches the parts through the extension
-// module (module.cc, python_hooks.cc). A receiver attaches to the queues
+// module (module_*.cc, python_hooks.cc). A receiver attaches to the queues
 // and detaches from them; they live for the whole process. No method lets a
 // C++ exception escape with state half-changed: callers (the module, the
 // FFI handlers) turn them into errors.
 //
-// Locks: `mu_` guards `queues_` (and the setting of `fast_`); Attach,
-// Detach, SetRestartHook and WakeConsumers take a queue's `mu` under it.
-// Each part's other locks are its own (see its header).
+// Locks: `mu_` guards `queues_` (and the setting of `fast_`); the methods
+// that visit every queue (Attach, Detach, SetRestartHook, WakeConsumers,
+// Drained: ForEachQueue) call queue methods, which take the queue's own
+// lock, under it. Each part's other locks are its own (see its header).
 
 #ifndef HOST_CALLBACK_RECEIVER_NATIVE_HUB_H_
 #define HOST_CALLBACK_RECEIVER_NATIVE_HUB_H_
@@ -93,6 +94,12 @@ class Hub {
 
  private:
   Hub();
+  // Calls `visit(queue)` for every queue, under `mu_`.
+  template <typename Visit>
+  void ForEachQueue(Visit visit) {
+    std::lock_guard<std::mutex> lock(mu_);
+    for (auto& entry : queues_) visit(*entry.second);
+  }
   // A request made on its device's consumer thread, inside a host function:
   // queued, and served by this thread (the NestedConsumer) after what the
   // device sent before it.

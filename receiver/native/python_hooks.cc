@@ -5,6 +5,7 @@
 #include <cstdint>
 
 #include "hub.h"
+#include "module_support.h"
 #include "python_limited.h"
 #include "python_runner.h"
 
@@ -115,5 +116,13 @@ PyObject* SetInterruptThread(PyObject*, PyObject* args) {
   }
   Py_RETURN_NONE;
 }
+
+PyMethodDef kHookMethods[] = {
+    {"set_restart_hook", SetRestartHook, METH_O, nullptr},
+    {"set_nested_consumer", SetNestedConsumer, METH_O, nullptr},
+    {"set_direct_runner", SetDirectRunner, METH_VARARGS, nullptr},
+    {"set_interrupt_thread", SetInterruptThread, METH_VARARGS, nullptr},
+    {nullptr, nullptr, 0, nullptr},
+};
 
 }  // namespace hcb::python

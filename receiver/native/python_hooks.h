@@ -1,8 +1,8 @@
 // The hooks through which device threads call into Python (the restart
 // hook, the nested consumer, the interrupt hook, the direct runner), and the
 // module functions that set them (set_restart_hook, set_nested_consumer,
-// set_interrupt_thread, set_direct_runner; receiver/native_library.py and
-// receiver/transport_native.py call them).
+// set_interrupt_thread, set_direct_runner, in kHookMethods; receiver/
+// transport_native.py calls them).
 //
 // The module functions run with the GIL, which guards the Python callables
 // they keep; the hooks take the GIL themselves (Rearm needs none).

@@ -251,7 +251,7 @@ bool WriteResults(const Site& site, PyObject* results,
 // Gives a view that the host function kept a private copy of its data, so
 // that reading it later reads what it showed (the device's buffer may be
 // freed or reused once the op returns).
-bool Detach(PyObject* view) {
+bool GiveOwnCopy(PyObject* view) {
   auto* array = reinterpret_cast<PyArrayObject*>(view);
   PyObject* copy = PyArray_NewCopy(array, NPY_CORDER);
   if (copy == nullptr) return false;
@@ -271,7 +271,7 @@ void CheckViews(std::vector<PyObject*>* views, bool* kept) {
   for (PyObject* view : *views) {
     if (Py_REFCNT(view) > 1) {
       *kept = true;
-      if (!Detach(view)) PyErr_Clear();
+      if (!GiveOwnCopy(view)) PyErr_Clear();
     }
     Py_DECREF(view);
   }

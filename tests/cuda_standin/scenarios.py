@@ -19,7 +19,7 @@ import numpy as np
 from host_callback.receiver import native_library, native_memory
 
 native = native_library.native
-QUEUE_BASE = 1 << 20  # cuda_copies.h:kCudaQueueBase
+QUEUE_BASE = native.CUDA_QUEUE_BASE
 HEADER = 64           # packet.h:kHeaderBytes
 BOUND = 64 << 20
 
