@@ -62,7 +62,8 @@ _REQUIRED = {
 
 
 def check_jax() -> None:
-  """Raises ImportError naming the JAX version and what is missing."""
+  """Raises ImportError naming the JAX version and what is missing. Checked
+  against jax 0.10.2 and 0.12.0.1."""
   missing = [f"{module.__name__}.{name}"
              for module, names in _REQUIRED.items() for name in names
              if not hasattr(module, name)]
@@ -82,7 +83,8 @@ check_jax()
 def bool_setting(name: str, default: bool, help: str,
                  changes_lowering: bool = False) -> Any:
   """`changes_lowering`: part of JAX's jit and tracing cache keys, so that a
-  change takes effect at the next call of a jitted function."""
+  change takes effect at the next call of a jitted function. Checked against
+  jax 0.10.2 and 0.12.0.1."""
   return _config.bool_state(name, default, help,
                             include_in_jit_key=changes_lowering,
                             include_in_trace_context=changes_lowering)
@@ -94,7 +96,8 @@ def int_setting(name: str, default: int, help: str) -> Any:
 
 def enum_setting(name: str, values: Sequence[str], default: str,
                  help: str) -> Any:
-  """A setting that changes the lowering, like `bool_setting`'s."""
+  """A setting that changes the lowering, like `bool_setting`'s. Checked
+  against jax 0.10.2 and 0.12.0.1."""
   return _config.enum_state(name, list(values), default, help,
                             include_in_jit_key=True,
                             include_in_trace_context=True)
@@ -103,7 +106,8 @@ def enum_setting(name: str, values: Sequence[str], default: str,
 # --- The ordered effect (wraps jax._src.effects registries) ---------------
 
 class HostCallbackEffect(_effects.Effect):
-  """The ordered effect of every host_callback operation."""
+  """The ordered effect of every host_callback operation. Checked against jax
+  0.10.2 and 0.12.0.1."""
   __str__ = lambda self: "HostCallback"  # noqa: E731
 
 
@@ -124,17 +128,20 @@ for _registry in (_effects.lowerable_effects,
 # --- Primitive registration helpers --------------------------------------
 
 def apply_primitive(primitive: Any, *args: Any, **params: Any) -> Any:
-  """Eager evaluation by compiling the primitive (jax._src.dispatch)."""
+  """Eager evaluation by compiling the primitive (jax._src.dispatch). Checked
+  against jax 0.10.2 and 0.12.0.1."""
   return _dispatch.apply_primitive(primitive, *args, **params)
 
 
 def require_devices_during_lowering(primitive: Any) -> None:
-  """Makes JAX give the device assignment to our lowering (jax._src.dispatch)."""
+  """Makes JAX give the device assignment to our lowering (jax._src.dispatch).
+  Checked against jax 0.10.2 and 0.12.0.1."""
   _dispatch.prim_requires_devices_during_lowering.add(primitive)
 
 
 def register_partial_eval_custom_rule(primitive: Any, rule: Callable) -> None:
-  """The rule `jax.checkpoint` uses to split known/staged equations."""
+  """The rule `jax.checkpoint` uses to split known/staged equations. Checked
+  against jax 0.10.2 and 0.12.0.1."""
   pe.partial_eval_jaxpr_custom_rules[primitive] = rule
 
 
@@ -170,7 +177,8 @@ def remat_saves(saveable: Callable[..., Any], eqn: Any) -> bool:
 
 
 def physical_aval(aval: Any) -> Any:
-  """The aval as the device stores it (PRNG keys become uint32 arrays)."""
+  """The aval as the device stores it (PRNG keys become uint32 arrays). Checked
+  against jax 0.10.2 and 0.12.0.1."""
   return _core.physical_aval(aval)
 
 
@@ -178,13 +186,15 @@ def physical_aval(aval: Any) -> Any:
 
 @dataclasses.dataclass(frozen=True)
 class ExecutionPlace:
-  """Where a callback op runs: one fixed device, or each device of a mesh."""
+  """Where a callback op runs: one fixed device, or each device of a mesh.
+  Checked against jax 0.10.2 and 0.12.0.1."""
   fixed_device: Optional[Any]          # a jax.Device, when the op runs once
   mesh_devices: Tuple[Any, ...] = ()   # by partition id, when per device
 
 
 def execution_place(ctx: Any, device_index: int) -> ExecutionPlace:
-  """Where the op being lowered executes, from the lowering's axis context."""
+  """Where the op being lowered executes, from the lowering's axis context.
+  Checked against jax 0.10.2 and 0.12.0.1."""
   axis_context = ctx.module_context.axis_context
   if isinstance(axis_context, _sharding_impls.SPMDAxisContext):
     return ExecutionPlace(None, tuple(axis_context.mesh.devices.flat))
@@ -198,7 +208,7 @@ def execution_place(ctx: Any, device_index: int) -> ExecutionPlace:
 
 def check_device_index(device_index: int, num_devices: int) -> None:
   """Raises ValueError unless `device_index` names one of the computation's
-  `num_devices` devices."""
+  `num_devices` devices. Checked against jax 0.10.2 and 0.12.0.1."""
   if not 0 <= device_index < num_devices:
     raise ValueError(
         f"host_callback: device_index={device_index} is out of range for a "
@@ -207,7 +217,8 @@ def check_device_index(device_index: int, num_devices: int) -> None:
 
 
 def op_sharding(ctx: Any, place: ExecutionPlace, avals_out: Sequence[Any]) -> Any:
-  """The sharding annotation for a callback op (jax._src.callback)."""
+  """The sharding annotation for a callback op (jax._src.callback). Checked
+  against jax 0.10.2 and 0.12.0.1."""
   sharding = (None if place.fixed_device is None
               else jax.sharding.SingleDeviceSharding(place.fixed_device))
   axis_context = ctx.module_context.axis_context
@@ -224,8 +235,8 @@ def emit_python_callback(ctx: Any, callback: Callable, operands: Sequence[Any],
   """Emits a side-effecting Python callback threaded on our ordered token.
 
   Wraps jax._src.callback.emit_python_callback and the token plumbing of
-  jax.interpreters.mlir.LoweringRuleContext.
-  """
+  jax.interpreters.mlir.LoweringRuleContext. Checked against jax 0.10.2 and
+  0.12.0.1."""
   token = ctx.tokens_in.get(host_callback_effect)
   op_ctx = ctx.replace(avals_in=list(operand_avals),
                        avals_out=list(result_avals))
@@ -267,13 +278,15 @@ def replicate_results(ctx: Any, results: Sequence[Any],
 # jax._src.interpreters.mlir.set_sharding) ----------------------------------
 
 def abstract_token() -> Any:
-  """The aval of an ordering token (jax._src.core.abstract_token)."""
+  """The aval of an ordering token (jax._src.core.abstract_token). Checked
+  against jax 0.10.2 and 0.12.0.1."""
   return _core.abstract_token
 
 
 def device_count(ctx: Any) -> int:
   """How many devices the computation being lowered runs on, from its axis
-  context (jax._src.sharding_impls.ShardingContext or SPMDAxisContext)."""
+  context (jax._src.sharding_impls.ShardingContext or SPMDAxisContext). Checked
+  against jax 0.10.2 and 0.12.0.1."""
   axis_context = ctx.module_context.axis_context
   if isinstance(axis_context, _sharding_impls.SPMDAxisContext):
     return axis_context.mesh.size
@@ -284,8 +297,8 @@ def sharded_devices(ctx: Any) -> Optional[Tuple[Any, ...]]:
   """The device assignment when lowering automatically sharded code.
 
   None unless the op is lowered in a `jit` over several devices whose
-  partitioner places it (jax._src.sharding_impls.ShardingContext).
-  """
+  partitioner places it (jax._src.sharding_impls.ShardingContext). Checked
+  against jax 0.10.2 and 0.12.0.1."""
   axis_context = ctx.module_context.axis_context
   if (isinstance(axis_context, _sharding_impls.ShardingContext)
       and axis_context.num_devices > 1):
@@ -297,11 +310,11 @@ def set_token_op_sharding(ctx: Any, op: Any, place: ExecutionPlace,
                           result_avals: Sequence[Any]) -> None:
   """Annotates an op returning (token, *results) like a Python callback.
 
-  As jax._src.callback.emit_python_callback does: `op_sharding` of the
-  results, plus, under Shardy, one for the token when there are results.
-  Wraps jax._src.interpreters.mlir.set_sharding and
-  jax._src.sharding_impls.SdyArrayList.
-  """
+  As jax._src.callback.emit_python_callback does: `op_sharding` of the results,
+  plus, under Shardy, one for the token when there are results. Wraps
+  jax._src.interpreters.mlir.set_sharding and
+  jax._src.sharding_impls.SdyArrayList. Checked against jax 0.10.2 and
+  0.12.0.1."""
   sharding = op_sharding(ctx, place, result_avals)
   if sharding is None:
     return
@@ -315,7 +328,8 @@ def set_token_op_sharding(ctx: Any, op: Any, place: ExecutionPlace,
 
 def set_per_device_sharding(ctx: Any, op: Any) -> None:
   """Inside a shard_map, annotates an op returning a token to run on each
-  device, as a tap there is; elsewhere leaves it be."""
+  device, as a tap there is; elsewhere leaves it be. Checked against jax 0.10.2
+  and 0.12.0.1."""
   axis_context = ctx.module_context.axis_context
   if isinstance(axis_context, _sharding_impls.SPMDAxisContext):
     place = ExecutionPlace(None, tuple(axis_context.mesh.devices.flat))
@@ -330,10 +344,10 @@ def run_to_completion_at_dispatch(ctx: Any) -> None:
   """Makes the module's executable one that JAX's CPU client runs to
   completion before the dispatch returns, when its inputs are ready.
 
-  The client does so for executables with host callbacks (JAX's own
-  callbacks get it this way), so this adds one that is never called to
-  jax._src.interpreters.mlir.ModuleContext.host_callbacks.
-  """
+  The client does so for executables with host callbacks (JAX's own callbacks
+  get it this way), so this adds one that is never called to
+  jax._src.interpreters.mlir.ModuleContext.host_callbacks. Checked against jax
+  0.10.2 and 0.12.0.1."""
   callbacks = ctx.module_context.host_callbacks
   if _no_host_callback not in callbacks:
     ctx.module_context.add_host_callback(_no_host_callback)
@@ -425,15 +439,16 @@ def outside_the_program_mesh() -> Iterator[None]:
 def keep_alive_with_executable(ctx: Any, obj: Any) -> None:
   """Keeps `obj` alive as long as the executable being lowered.
 
-  JAX keeps a module's host callbacks alive with its executable (and our
-  CPU lowerings have one anyway, see `run_to_completion_at_dispatch`), so
-  this adds one that holds `obj` and is never called.
-  """
+  JAX keeps a module's host callbacks alive with its executable (and our CPU
+  lowerings have one anyway, see `run_to_completion_at_dispatch`), so this adds
+  one that holds `obj` and is never called. Checked against jax 0.10.2 and
+  0.12.0.1."""
   ctx.module_context.add_host_callback(functools.partial(_no_host_callback, obj))
 
 
 def thread_token(ctx: Any, token: Any) -> None:
-  """Makes `token` the output token of our effect for this equation."""
+  """Makes `token` the output token of our effect for this equation. Checked
+  against jax 0.10.2 and 0.12.0.1."""
   ctx.set_tokens_out(
       ctx.tokens_in.update_tokens(mlir.TokenSet({host_callback_effect: token})))
 
@@ -448,7 +463,7 @@ def install_top_level_rewrite(rewrite: Callable[[Any], Any],
                               applies: Callable[[Any], bool]) -> None:
   """Lowers every jit's top-level jaxpr `j` for which `applies(j)` holds as
   `rewrite(j)` instead; `rewrite` is cached per jaxpr, so JAX's own lowering
-  cache keeps working."""
+  cache keeps working. Checked against jax 0.10.2 and 0.12.0.1."""
   lower = _pxla._cached_lowering_to_hlo
   if getattr(lower, "_host_callback_rewrite", False):
     return
@@ -466,7 +481,8 @@ def install_top_level_rewrite(rewrite: Callable[[Any], Any],
 def scope_eqn(top_jaxpr: Any, primitive: Any, effects: Any) -> Any:
   """`top_jaxpr` (a ClosedJaxpr or a Jaxpr) as one equation of `primitive`,
   whose param `jaxpr` is the original open jaxpr and whose effects are
-  `effects`. The equation's inputs are the constvars then the invars."""
+  `effects`. The equation's inputs are the constvars then the invars. Checked
+  against jax 0.10.2 and 0.12.0.1."""
   # jax 0.10 has ClosedJaxpr (a jaxpr and its consts); jax 0.12 has not.
   closed_type = getattr(_core, "ClosedJaxpr", None)
   closed = closed_type is not None and isinstance(top_jaxpr, closed_type)
@@ -487,10 +503,9 @@ def lower_scope_body(ctx: Any, jaxpr: Any, args: Sequence[Any], effect: Any,
   """Lowers `jaxpr` inline with a new token for `effect`, which JAX threads
   through the body's control flow; the other effects' tokens pass through.
 
-  `open_token(token)` returns the token the body starts from, and
-  `close_token` gets the one it ends with.
-  Wraps jax._src.interpreters.mlir.jaxpr_subcomp and hlo.create_token.
-  """
+  `open_token(token)` returns the token the body starts from, and `close_token`
+  gets the one it ends with. Wraps jax._src.interpreters.mlir.jaxpr_subcomp and
+  hlo.create_token. Checked against jax 0.10.2 and 0.12.0.1."""
   tokens = mlir.TokenSet({**dict(ctx.tokens_in.items()),
                           effect: open_token(hlo.create_token())})
   num_consts = len(jaxpr.constvars)
@@ -579,19 +594,23 @@ def install_scan_hoisting_guard() -> None:
 
 
 def install_while_lowering() -> None:
-  """Registers `_while_lowering` for `while_p` on every platform."""
+  """Registers `_while_lowering` for `while_p` on every platform. Checked
+  against jax 0.10.2 and 0.12.0.1."""
   mlir.register_lowering(_loops.while_p, _while_lowering)
 
 
 __all__ = [
     "ad", "batching", "hlo", "mlir", "pe", "check_jax", "bool_setting",
-    "int_setting", "enum_setting", "host_callback_effect", "apply_primitive",
-    "require_devices_during_lowering", "register_partial_eval_custom_rule",
-    "physical_aval", "hold_weakly_in_jax_caches", "remat_saves", "ExecutionPlace", "execution_place", "op_sharding",
+    "int_setting", "enum_setting", "host_callback_effect",
+    "apply_primitive", "require_devices_during_lowering",
+    "register_partial_eval_custom_rule", "physical_aval",
+    "hold_weakly_in_jax_caches", "remat_saves", "ExecutionPlace",
+    "execution_place", "check_device_index", "op_sharding",
     "emit_python_callback", "replicate_results", "abstract_token",
-    "sharded_devices", "set_token_op_sharding", "thread_token",
-    "install_while_lowering", "install_scan_hoisting_guard",
-    "install_top_level_rewrite", "scope_eqn",
-    "run_to_completion_at_dispatch",
-    "lower_scope_body",
+    "device_count", "sharded_devices", "set_token_op_sharding",
+    "set_per_device_sharding", "run_to_completion_at_dispatch",
+    "forget_failed_runtime_tokens", "execute_without_arguments",
+    "outside_the_program_mesh", "keep_alive_with_executable",
+    "thread_token", "install_while_lowering", "install_scan_hoisting_guard",
+    "install_top_level_rewrite", "scope_eqn", "lower_scope_body",
 ]

@@ -17,17 +17,14 @@ from __future__ import annotations
 from typing import Any, Tuple
 
 import jax
-import numpy as np
 from jax.extend.core import Primitive
 
 from . import _jax_adapter as adapter
-from . import native_handlers
+from . import native_handlers, per_device
 from ._jax_adapter import mlir
 from .receiver import native_library
 
 _EFFECT = adapter.host_callback_effect
-# The mesh axis of the shard_map that puts a mark on every device.
-_AXIS = "host_callback_devices"
 
 execution_mark_p = Primitive("host_callback_execution_mark")
 execution_mark_p.multiple_results = True
@@ -67,14 +64,9 @@ def lower_mark(ctx: Any, token: Any, *, end: bool) -> Any:
                          tokens_in=mlir.TokenSet({_EFFECT: token}))
   if devices is None:
     mlir.lower_fun(mark, multiple_results=True)(mark_ctx)
-  else:
-    # Automatically sharded code: the partitioner would put a side-effecting
-    # op on one device only, so the mark goes into a shard_map.
-    mesh = jax.sharding.Mesh(np.array(devices), (_AXIS,))
-    per_device = jax.shard_map(mark, mesh=mesh, in_specs=(), out_specs=[],
-                               check_vma=False)
-    with jax.sharding.use_abstract_mesh(mesh.abstract_mesh):
-      mlir.lower_fun(per_device, multiple_results=True)(mark_ctx)
+  else:  # automatically sharded code
+    per_device.lower_on_each_device(mark_ctx, mark, devices, in_specs=(),
+                                    out_specs=[])
   return mark_ctx.tokens_out.get(_EFFECT)
 
 

@@ -29,9 +29,8 @@ from ._jax_adapter import mlir
 from .devices import device_number
 from .host_functions import HostFunction, Transforms
 from .lowering_kinds import Kind
+from .per_device import AXIS, lower_on_each_device
 
-# The mesh axis of the shard_map that runs the op in sharded jit.
-_AXIS = "host_callback_devices"
 _EMITTERS = {"native": lowering_native.emit, "python": lowering_python.emit}
 
 
@@ -122,7 +121,6 @@ def _lower_gathered(ctx: Any, *operands: Any, devices: Sequence[Any],
   sends it (and, for a call, gets the result, which it then shares with the
   others).
   """
-  mesh = jax.sharding.Mesh(np.array(devices), (_AXIS,))
   result_avals = function.result_avals if function.is_call else ()
 
   def send(values):
@@ -135,26 +133,21 @@ def _lower_gathered(ctx: Any, *operands: Any, devices: Sequence[Any],
     return [jax.numpy.zeros(a.shape, a.dtype) for a in result_avals]
 
   def per_device(*values):
-    chosen = jax.lax.axis_index(_AXIS) == device_index
+    chosen = jax.lax.axis_index(AXIS) == device_index
     results = jax.lax.cond(chosen, send, skip, list(values))
     if function.is_call:
-      return [jax.lax.all_gather(r, _AXIS)[device_index] for r in results]
+      return [jax.lax.all_gather(r, AXIS)[device_index] for r in results]
     return []
 
-  gathered = jax.shard_map(
-      per_device, mesh=mesh,
-      in_specs=(jax.sharding.PartitionSpec(),) * len(operands),
-      out_specs=jax.sharding.PartitionSpec(), check_vma=False)
   # Our mesh replaces the user's: drop the avals' shardings.
   unsharded = [jax.core.ShapedArray(a.shape, a.dtype, weak_type=a.weak_type)
                for a in ctx.avals_in]
   out_avals = list(result_avals) if function.is_call else []
   arg_ctx = ctx.replace(avals_in=unsharded, avals_out=out_avals)
-  # Under the user's `jax.set_mesh`, shard_map requires its mesh to be the
-  # context's: make ours the context while it is traced.
-  with jax.sharding.use_abstract_mesh(mesh.abstract_mesh):
-    results = mlir.lower_fun(gathered, multiple_results=True)(arg_ctx,
-                                                              *operands)
+  results = lower_on_each_device(
+      arg_ctx, per_device, devices, *operands,
+      in_specs=(jax.sharding.PartitionSpec(),) * len(operands),
+      out_specs=jax.sharding.PartitionSpec())
   ctx.set_tokens_out(arg_ctx.tokens_out)
   return list(results)
 

@@ -61,8 +61,9 @@ class Transport(Producer, Protocol):
     """From now on a device that needs a receiver fails instead."""
 
   def set_direct_runner(self, run: DirectRun) -> None:
-    """Lets a device whose queue allows it run a request's host function on
-    its own thread: `run(consumer_id, device_id, arrays)`."""
+    """Lets a device whose queue allows it (idle) run a request's host
+    function on its own thread: `run(consumer_id, device_id, arrays)`
+    returns the results or raises `DirectRunError`."""
 
   def set_nested_consumer(self, consume: Callable[[int], None]) -> None:
     """Lets a device's consumer thread serve a request it makes of that

@@ -195,16 +195,9 @@ class NativeTransport:
     native.set_interrupt_thread(0)
 
   def set_direct_runner(self, run: DirectRun) -> None:
-    """Lets a device whose queue is idle run a request's host function on
-    its own thread: `run(consumer_id, device_id, arrays)` returns the results
-    or raises `DirectRunError`."""
     native.set_direct_runner(run, native_wire.wire_array)
 
   def set_nested_consumer(self, consume: Callable[[int], None]) -> None:
-    """Lets a device's consumer thread serve a request it makes of that
-    device (a host function running JAX code): `consume(device_id)`
-    consumes, in the device's order, what the thread has taken and not yet
-    consumed, else the next batch."""
     native.set_nested_consumer(consume)
 
   def attach(self, max_bytes: int, listener: Callable[[int], None]) -> None:

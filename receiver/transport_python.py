@@ -168,15 +168,9 @@ class PythonTransport:
     self.wake_all()  # waiting senders give up
 
   def set_direct_runner(self, run: DirectRun) -> None:
-    """Lets a device thread run a request's host function itself, with
-    `run(consumer_id, device_id, arrays)`, when its queue allows it."""
     self._direct = run
 
   def set_nested_consumer(self, consume: Callable[[int], None]) -> None:
-    """Lets a device's consumer thread serve a request it makes of that
-    device (a host function running JAX code): `consume(device_id)`
-    consumes, in the device's order, what the thread has taken and not yet
-    consumed, else the next batch."""
     self._nested = consume
 
   def attach(self, max_bytes: int, listener: Callable[[int], None]) -> None:

@@ -71,3 +71,19 @@ def test_each_module_imports_alone_and_taps_drain_at_exit(transport):
                           text=True, timeout=120, check=False)
     assert done.returncode == 0, done.stderr
     assert done.stdout == "tapped 3\n", (module, done.stdout, done.stderr)
+
+
+def test_the_adapter_exports_every_name_the_package_uses():
+  """`_jax_adapter.__all__` lists what the other modules take from it."""
+  from host_callback import _jax_adapter  # pylint: disable=import-outside-toplevel
+  used = set()
+  for path in [*PACKAGE.glob("*.py"), *PACKAGE.glob("_migrate/*.py")]:
+    for node in ast.walk(ast.parse(path.read_text())):
+      if (isinstance(node, ast.Attribute) and
+          isinstance(node.value, ast.Name) and node.value.id == "adapter"):
+        used.add(node.attr)
+      elif (isinstance(node, ast.ImportFrom) and
+            node.module == "_jax_adapter"):
+        used.update(alias.name for alias in node.names)
+  assert used and used <= set(_jax_adapter.__all__), sorted(
+      used - set(_jax_adapter.__all__))

@@ -40,14 +40,6 @@ SETTING_HINT_DEFAULT = (
 
 _SETTING = re.compile(r"\bjax_host_callback_\w+", re.IGNORECASE)
 _MODULE_PATH_STRING = re.compile(r"jax\.experimental\.host_callback(\.\w+)*")
-_CELL_MAGIC = re.compile(r"%%(\w+)")
-# IPython-only lines: `%magic`, `%%cell_magic`, `!shell`, `?obj`, `obj?`,
-# `obj??`, `x = !shell`, `x = %magic`.
-_IPYTHON_LINE = re.compile(
-    r"\s*([%!?]|[\w.]+\?\??\s*$|[\w.,\[\]() ]+=\s*[%!])")
-_MASK = "pass  # host_callback.migrate: masked line {}"
-_MASKED = re.compile(r"[ \t]*pass  # host_callback\.migrate: masked line (\d+)")
-
 
 
 @dataclasses.dataclass(frozen=True)
