@@ -103,15 +103,15 @@ SOURCES = (
     "ffi_cuda.cc",
     "module.cc", "module_support.cc", "module_queues.cc", "module_cuda.cc",
     "module_testing.cc", "python_hooks.cc", "python_runner.cc",
-    "python_sites.cc", "py_memory.cc",
+    "python_sites.cc", "python_memory.cc",
 )
 HEADERS = (
     "status.h", "packet.h", "waits.h", "block_pool.h", "device_queue.h",
     "calls.h", "direct_runs.h", "interrupts.h", "receiver_link.h",
     "site_sizes.h", "hub.h", "executions.h", "ffi_common.h", "ffi_cpu.h",
     "cuda_api.h", "cuda_copies.h", "ffi_cuda.h",
-    "module_support.h", "python_hooks.h", "python_limited.h", "python_runner.h", "python_sites.h",
-    "py_memory.h",
+    "module_support.h", "python_hooks.h", "python_limited.h",
+    "python_memory.h", "python_runner.h", "python_sites.h",
 )
 
 native = Extension(

@@ -11,7 +11,8 @@ import numpy as np
 
 from .native_library import native
 from .native_memory import lent_block, return_block
-from .native_wire import Site, sites, wire_array
+from .native_sites import Site, sites
+from .native_wire import wire_array
 from .packets import Packet, error_message
 
 _logger = logging.getLogger("host_callback")

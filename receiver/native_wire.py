@@ -1,11 +1,9 @@
-"""The native transport's wire format, and its callback sites.
+"""The native transport's wire format: where a packet's arrays lie.
 
-A packet is a 64-byte header (`native/packet.h:PacketHeader`) followed by its
-arrays, each starting at a multiple of 16 bytes. It carries a site id
-instead of shapes: `register_site` records, at lowering time, the consumer
-and the array layout of each callback site, here and in the extension
-module (as byte sizes, which the device's arrays must have, and as the
-dtypes and shapes the direct runner builds arrays of).
+A packet is a header (`native/packet.h:PacketHeader`, `native.HEADER_BYTES`)
+followed by its arrays, each starting at a multiple of `native.ALIGN_BYTES`.
+It carries a site id instead of shapes: `native_sites.register_site` lays
+out each callback site's arrays as `Column`s.
 
 An array takes its XLA size: sub-byte dtypes (int4, uint4, int2, uint2,
 float4_e2m1fn) are packed, several elements to a byte with the first in the
@@ -18,19 +16,17 @@ from __future__ import annotations
 
 import dataclasses
 import functools
-import itertools
-import threading
-from typing import Any, Dict, Optional, Sequence, Tuple
+from typing import Any, Optional, Tuple
 
 import numpy as np
 
 from .native_library import native
 
 
-def _align(n: int) -> int:
+def align(n: int) -> int:
   """`n` rounded up to where an array may start (packet.h:kAlign)."""
-  align = native.ALIGN_BYTES
-  return (n + align - 1) // align * align
+  unit = native.ALIGN_BYTES
+  return (n + unit - 1) // unit * unit
 
 
 def packed_bits(dtype: np.dtype) -> Optional[int]:
@@ -106,73 +102,11 @@ class Column:
                              bits=self.packed_bits)
 
 
-def _column(offset: int, dtype: np.dtype, shape: Tuple[int, ...]) -> Column:
+def column(offset: int, dtype: np.dtype, shape: Tuple[int, ...]) -> Column:
+  """The column of an array of `dtype` and `shape` at `offset`."""
   size = int(np.prod(shape, dtype=np.int64))
   strides = tuple(int(np.prod(shape[i + 1:], dtype=np.int64)) * dtype.itemsize
                   for i in range(len(shape)))
   bits = packed_bits(dtype)
   nbytes = dtype.itemsize * size if bits is None else -(-size * bits // 8)
   return Column(offset, dtype, shape, strides, nbytes, bits)
-
-
-@dataclasses.dataclass(frozen=True)
-class Site:
-  """A callback site: its consumer, its arrays and its packets' size.
-  `read_only`: its host function asked for `copy=False`."""
-  consumer_id: int
-  columns: Tuple[Column, ...]
-  packet_bytes: int
-  read_only: bool
-
-
-_sites_lock = threading.Lock()  # guards the three tables below
-sites: Dict[int, Site] = {}
-_site_ids: Dict[tuple, int] = {}
-_next_site_id = itertools.count()
-
-
-def register_site(consumer_id: int, dtypes: Sequence[np.dtype],
-                  shapes: Sequence[Tuple[int, ...]], *, name: str,
-                  copy: bool, result_dtypes: Sequence[np.dtype]) -> int:
-  """The id to put in the packets of a callback site.
-
-  The site's packets carry arrays of these dtypes and shapes, for the
-  consumer `consumer_id` (of the host function `name`, which asked for
-  copies or not, and whose results, for a call, have `result_dtypes`). Ids
-  are never reused.
-  """
-  assert native is not None, "the native transport is not built"
-  key = (consumer_id, tuple(np.dtype(d) for d in dtypes),
-         tuple(tuple(s) for s in shapes))
-  with _sites_lock:
-    site_id = _site_ids.get(key)
-    if site_id is not None:
-      return site_id
-    columns, offset = [], native.HEADER_BYTES
-    for dtype, shape in zip(key[1], key[2]):
-      columns.append(_column(offset, dtype, shape))
-      offset += _align(columns[-1].nbytes)
-    site_id = next(_next_site_id)
-    pack_results = any(packed_bits(np.dtype(d)) is not None
-                       for d in result_dtypes)
-    native.register_site(
-        site_id, [c.nbytes for c in columns], consumer_id, name,
-        [c.dtype for c in columns], [c.shape for c in columns],
-        [c.unpacker() for c in columns], copy, pack_results)
-    _site_ids[key] = site_id
-    sites[site_id] = Site(consumer_id, tuple(columns), offset, not copy)
-    return site_id
-
-
-def unregister_site(site_id: int) -> None:
-  """Frees a site; a device that sends to it from now on fails, and its
-  packets still queued are dropped with an error."""
-  assert native is not None
-  with _sites_lock:
-    site = sites.pop(site_id, None)
-    if site is None:
-      return
-    key = (site.consumer_id, tuple(c.dtype for c in site.columns),
-           tuple(c.shape for c in site.columns))
-    del _site_ids[key]
-    native.unregister_site(site_id)

@@ -20,7 +20,7 @@ from typing import Callable, Deque, Dict, List, Optional, Sequence, Tuple
 
 import numpy as np
 
-from . import native_wire
+from . import native_sites, native_wire
 from .native_decode import decode
 from .native_library import native
 from .native_memory import BatchBuffer
@@ -175,13 +175,13 @@ class NativeTransport:
                     shapes: Sequence[Tuple[int, ...]], *, name: str = "",
                     copy: bool = True,
                     result_dtypes: Sequence[np.dtype] = ()) -> int:
-    return native_wire.register_site(consumer_id, dtypes, shapes, name=name,
+    return native_sites.register_site(consumer_id, dtypes, shapes, name=name,
                                      copy=copy, result_dtypes=result_dtypes)
 
   def unregister_site(self, site_id: int) -> None:
     """Frees a site's layout, here and in the module; see
-    `native_wire.unregister_site`."""
-    native_wire.unregister_site(site_id)
+    `native_sites.unregister_site`."""
+    native_sites.unregister_site(site_id)
 
   # --- Receiver lifecycle ---
 

@@ -16,7 +16,7 @@ import pytest
 
 import host_callback as hcb
 from host_callback import runtime
-from host_callback.receiver import native_wire
+from host_callback.receiver import native_sites
 
 from helpers import (CTRL_C_INTERRUPTED, CTRL_C_OUTCOME, OUTFEED,
                      needs_cpu_default_backend, run_python)
@@ -103,7 +103,7 @@ def native_only(transport):
 
 
 def _newest_site() -> int:
-  return max(native_wire.sites)
+  return max(native_sites.sites)
 
 
 def test_unregistered_site_fails_its_device(native_only, outfeed_mode):

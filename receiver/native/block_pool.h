@@ -4,7 +4,7 @@
 //
 // A block belongs to one owner at a time: the device writing it, its queue
 // while the packet waits, then the consumer, whose host function's arrays
-// view it (a Memory, py_memory.h) until the last view is gone and the block
+// view it (a Memory, python_memory.h) until the last view is gone and the block
 // goes back to its pool (BlockPool::Return). The pool keeps free blocks up
 // to the queue bound plus kPoolSlack bytes and unmaps the rest.
 //

@@ -3,7 +3,7 @@
 // parts (module_queues.cc: queues, sites, replies, executions and the CPU's
 // FFI handlers; module_cuda.cc: the CUDA transport; module_testing.cc:
 // tests only; python_hooks.cc: the hooks into Python), the Memory type
-// (py_memory.h), and the constants the Python side reads instead of
+// (python_memory.h), and the constants the Python side reads instead of
 // writing them again. The Python side is receiver/native_library.py and
 // receiver/transport_native.py.
 
@@ -20,7 +20,7 @@
 #include "cuda_copies.h"
 #include "device_queue.h"
 #include "packet.h"
-#include "py_memory.h"
+#include "python_memory.h"
 #include "xla/ffi/api/c_api.h"
 
 namespace {

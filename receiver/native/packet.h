@@ -1,6 +1,7 @@
 // The packet layout that device threads write and the Python decoder reads
-// (receiver/native_wire.py mirrors it), and the index that Take writes for
-// the decoder. Header only: plain data and functions, no state, no locks.
+// (receiver/native_wire.py reads its sizes from the module), and the index
+// that Take writes for the decoder. Header only: plain data and functions,
+// no state, no locks.
 
 #ifndef HOST_CALLBACK_RECEIVER_NATIVE_PACKET_H_
 #define HOST_CALLBACK_RECEIVER_NATIVE_PACKET_H_

@@ -15,7 +15,7 @@
 
 #include "calls.h"
 #include "hub.h"
-#include "py_memory.h"
+#include "python_memory.h"
 #include "python_limited.h"
 #include "python_sites.h"
 

@@ -2,7 +2,7 @@
 // its host function's NumPy arguments (a dtype, a shape and a byte size per
 // array, an unpacker for a packed sub-byte dtype, copy or view) and how to
 // hand back its results. Registered by the module's register_site
-// (receiver/native_wire.py:register_site) beside the site's array sizes
+// (receiver/native_sites.py:register_site) beside the site's array sizes
 // (site_sizes.h); read by the direct runner (python_runner.cc).
 //
 // The table is Python's: it is read and written with the GIL held, which

@@ -1,5 +1,5 @@
 // The byte size of each array that a callback site's packets carry, as
-// register_site gave them (receiver/native_wire.py), so that a device whose
+// register_site gave them (receiver/native_sites.py), so that a device whose
 // arrays XLA laid out otherwise fails instead of sending what the decoder
 // would misread.
 //

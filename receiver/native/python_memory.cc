@@ -1,6 +1,6 @@
-// The Memory type: see py_memory.h.
+// The Memory type: see python_memory.h.
 
-#include "py_memory.h"
+#include "python_memory.h"
 
 #include <cstddef>
 #include <cstdint>

@@ -3,8 +3,8 @@
 // frees it when the last array viewing it is gone: a block goes back to its
 // pool (block_pool.h), another owner (`keep`) is released.
 
-#ifndef HOST_CALLBACK_RECEIVER_NATIVE_PY_MEMORY_H_
-#define HOST_CALLBACK_RECEIVER_NATIVE_PY_MEMORY_H_
+#ifndef HOST_CALLBACK_RECEIVER_NATIVE_PYTHON_MEMORY_H_
+#define HOST_CALLBACK_RECEIVER_NATIVE_PYTHON_MEMORY_H_
 
 #define PY_SSIZE_T_CLEAN
 #include <Python.h>
@@ -27,4 +27,4 @@ bool ReadyMemoryType();
 
 }  // namespace hcb::python
 
-#endif  // HOST_CALLBACK_RECEIVER_NATIVE_PY_MEMORY_H_
+#endif  // HOST_CALLBACK_RECEIVER_NATIVE_PYTHON_MEMORY_H_

@@ -1,0 +1,82 @@
+"""The native transport's callback sites, by id.
+
+`register_site` records, at lowering time, the consumer and the array
+layout (`native_wire.Column`) of each callback site, here and in the
+extension module (as byte sizes, which the device's arrays must have, and
+as the dtypes and shapes the direct runner builds arrays of).
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import itertools
+import threading
+from typing import Dict, Sequence, Tuple
+
+import numpy as np
+
+from .native_library import native
+from .native_wire import Column, align, column, packed_bits
+
+
+@dataclasses.dataclass(frozen=True)
+class Site:
+  """A callback site: its consumer, its arrays and its packets' size.
+  `read_only`: its host function asked for `copy=False`."""
+  consumer_id: int
+  columns: Tuple[Column, ...]
+  packet_bytes: int
+  read_only: bool
+
+
+_sites_lock = threading.Lock()  # guards the three tables below
+sites: Dict[int, Site] = {}
+_site_ids: Dict[tuple, int] = {}
+_next_site_id = itertools.count()
+
+
+def register_site(consumer_id: int, dtypes: Sequence[np.dtype],
+                  shapes: Sequence[Tuple[int, ...]], *, name: str,
+                  copy: bool, result_dtypes: Sequence[np.dtype]) -> int:
+  """The id to put in the packets of a callback site.
+
+  The site's packets carry arrays of these dtypes and shapes, for the
+  consumer `consumer_id` (of the host function `name`, which asked for
+  copies or not, and whose results, for a call, have `result_dtypes`). Ids
+  are never reused.
+  """
+  assert native is not None, "the native transport is not built"
+  key = (consumer_id, tuple(np.dtype(d) for d in dtypes),
+         tuple(tuple(s) for s in shapes))
+  with _sites_lock:
+    site_id = _site_ids.get(key)
+    if site_id is not None:
+      return site_id
+    columns, offset = [], native.HEADER_BYTES
+    for dtype, shape in zip(key[1], key[2]):
+      columns.append(column(offset, dtype, shape))
+      offset += align(columns[-1].nbytes)
+    site_id = next(_next_site_id)
+    pack_results = any(packed_bits(np.dtype(d)) is not None
+                       for d in result_dtypes)
+    native.register_site(
+        site_id, [c.nbytes for c in columns], consumer_id, name,
+        [c.dtype for c in columns], [c.shape for c in columns],
+        [c.unpacker() for c in columns], copy, pack_results)
+    _site_ids[key] = site_id
+    sites[site_id] = Site(consumer_id, tuple(columns), offset, not copy)
+    return site_id
+
+
+def unregister_site(site_id: int) -> None:
+  """Frees a site; a device that sends to it from now on fails, and its
+  packets still queued are dropped with an error."""
+  assert native is not None
+  with _sites_lock:
+    site = sites.pop(site_id, None)
+    if site is None:
+      return
+    key = (site.consumer_id, tuple(c.dtype for c in site.columns),
+           tuple(c.shape for c in site.columns))
+    del _site_ids[key]
+    native.unregister_site(site_id)
