@@ -54,36 +54,35 @@ def _signature_key(func: Any) -> Optional[Tuple[Any, ...]]:
 
 
 _BINDABLE_MAX = 4096
-_bindable: set = set()  # (_signature_key, tap_with_device) that bind
+_bindable: set = set()  # (_signature_key, keywords) that bind
 
 
 def _check_tap_signature(tap_func: Callable[..., Any],
-                         tap_with_device: bool) -> None:
+                         keywords: Tuple[str, ...]) -> None:
   """Raises TypeError at trace time when `tap_func` cannot be called as
-  `tap_func(arg, transforms)` (with `device=` when `tap_with_device`),
+  `tap_func(arg, transforms)` with the `keywords` (`device`, `shard`),
   where its signature can tell."""
   key = _signature_key(tap_func)
-  if key is not None and (key, tap_with_device) in _bindable:
+  if key is not None and (key, keywords) in _bindable:
     return
-  _check_signature(tap_func, tap_with_device)
+  _check_signature(tap_func, keywords)
   if key is not None:
     if len(_bindable) >= _BINDABLE_MAX:
       _bindable.clear()
-    _bindable.add((key, tap_with_device))
+    _bindable.add((key, keywords))
 
 
 def _check_signature(tap_func: Callable[..., Any],
-                     tap_with_device: bool) -> None:
+                     keywords: Tuple[str, ...]) -> None:
   try:
     signature = inspect.signature(tap_func)
   except (TypeError, ValueError):
     return  # e.g. some builtins: the receiver reports a mismatch
-  device = {"device": None} if tap_with_device else {}
   try:
-    signature.bind(None, None, **device)
+    signature.bind(None, None, **dict.fromkeys(keywords))
   except TypeError as error:
-    expected = ("tap_func(arg, transforms, *, device)" if tap_with_device
-                else "tap_func(arg, transforms)")
+    expected = (f"tap_func(arg, transforms, *, {', '.join(keywords)})"
+                if keywords else "tap_func(arg, transforms)")
     name = getattr(tap_func, "__qualname__", repr(tap_func))
     raise TypeError(
         f"host_callback.id_tap: tap_func {name}{signature} cannot be called "
@@ -92,13 +91,14 @@ def _check_signature(tap_func: Callable[..., Any],
         "`lambda arg, _: f(arg)`.") from None
 
 
-def _check_copy(copy: Any, api: str) -> bool:
-  """`copy` as a bool; anything but a bool is a mistake worth naming."""
-  if not isinstance(copy, (bool, np.bool_)):
+def _check_flag(value: Any, name: str, api: str) -> bool:
+  """A keyword such as `copy` as a bool; anything but a bool is a mistake
+  worth naming."""
+  if not isinstance(value, (bool, np.bool_)):
     raise TypeError(
-        f"host_callback.{api}: copy must be True or False, got "
-        f"{type(copy).__name__}: {copy!r}")
-  return bool(copy)
+        f"host_callback.{api}: {name} must be True or False, got "
+        f"{type(value).__name__}: {value!r}")
+  return bool(value)
 
 
 def _is_numeric(dtype: Any) -> bool:
@@ -176,7 +176,8 @@ def _ignore_callback_flavor(kwargs: dict, api: str) -> None:
 
 def id_tap(tap_func: Callable[..., Any], arg: Any, *, result: Any = None,
            tap_with_device: bool = False, device_index: int = 0,
-           copy: bool = True, **kwargs: Any) -> Any:
+           copy: bool = True, partitioned: bool = False,
+           tap_with_shard: bool = False, **kwargs: Any) -> Any:
   """Host-side tap: calls `tap_func(arg, transforms)` on the host.
 
   Behaves as the identity on `arg`, or returns `result` when one is given
@@ -213,7 +214,9 @@ def id_tap(tap_func: Callable[..., Any], arg: Any, *, result: Any = None,
         "``functools.partial(tap_func, **kwargs)``. Got unexpected keyword "
         f"arguments: {sorted(kwargs)}")
   _check_callable(tap_func, "tap_func", "id_tap")
-  _check_tap_signature(tap_func, tap_with_device)
+  with_shard = _check_flag(tap_with_shard, "tap_with_shard", "id_tap")
+  _check_tap_signature(tap_func, ("device",) * bool(tap_with_device) +
+                       ("shard",) * with_shard)
   device_index = _device_index(device_index, "id_tap")
   arg_leaves, arg_treedef = _flatten_arg(arg, "id_tap")
   result_leaves, result_treedef = jax.tree_util.tree_flatten(result)
@@ -222,9 +225,11 @@ def id_tap(tap_func: Callable[..., Any], arg: Any, *, result: Any = None,
   # tap, so that it happens before they are used.
   tied = [i for i, leaf in enumerate(result_leaves)
           if isinstance(leaf, (jax.Array, jax.core.Tracer))]
-  function = interned(HostFunction(tap_func, arg_treedef,
-                                   with_device=tap_with_device, is_call=False,
-                                   copy=_check_copy(copy, "id_tap")))
+  function = interned(HostFunction(
+      tap_func, arg_treedef, with_device=tap_with_device, is_call=False,
+      copy=_check_flag(copy, "copy", "id_tap"),
+      partitioned=_check_flag(partitioned, "partitioned", "id_tap"),
+      with_shard=with_shard))
   out = primitive.bind([*arg_leaves, *(result_leaves[i] for i in tied)],
                        function=function, num_args=len(arg_leaves),
                        device_index=device_index)
@@ -250,7 +255,7 @@ def _warn_of_traced_kwargs(kwargs: Dict[str, Any]) -> None:
 def id_print(arg: Any, *, result: Any = None, tap_with_device: bool = False,
              device_index: int = 0, output_stream: Optional[TextIO] = None,
              threshold: Optional[int] = None, copy: bool = True,
-             **kwargs: Any) -> Any:
+             partitioned: bool = False, **kwargs: Any) -> Any:
   """Like `id_tap`, with a tap function that prints `arg` on the host.
 
   Each print is a line `k1: v1 k2: v2 ...` (keys sorted) for `kwargs`,
@@ -275,9 +280,10 @@ def id_print(arg: Any, *, result: Any = None, tap_with_device: bool = False,
   _ignore_callback_flavor(kwargs, "id_print")
   _warn_of_traced_kwargs(kwargs)
   printer = Printer(output_stream, threshold, kwargs)
-  _check_copy(copy, "id_print")
+  _check_flag(copy, "copy", "id_print")
+  _check_flag(partitioned, "partitioned", "id_print")
   return id_tap(printer, arg, result=result, tap_with_device=tap_with_device,
-                device_index=device_index, copy=copy)
+                device_index=device_index, copy=copy, partitioned=partitioned)
 
 
 def _warn_if_shape_like(result_shape: Any) -> None:
@@ -351,7 +357,8 @@ def _result_avals(result_shape: Any) -> tuple[Any, tuple]:
 
 def call(callback_func: Callable[..., Any], arg: Any, *,
          result_shape: Any = None, call_with_device: bool = False,
-         device_index: int = 0, copy: bool = True, **kwargs: Any) -> Any:
+         device_index: int = 0, copy: bool = True, partitioned: bool = False,
+         call_with_shard: bool = False, **kwargs: Any) -> Any:
   """Calls `callback_func(arg)` on the host and returns its result.
 
   The device waits for the result. Calls run after the taps that precede them
@@ -386,11 +393,12 @@ def call(callback_func: Callable[..., Any], arg: Any, *,
   device_index = _device_index(device_index, "call")
   arg_leaves, arg_treedef = _flatten_arg(arg, "call")
   result_treedef, result_avals = _result_avals(result_shape)
-  function = interned(HostFunction(callback_func, arg_treedef,
-                                   with_device=call_with_device, is_call=True,
-                                   result_treedef=result_treedef,
-                                   result_avals=result_avals,
-                                   copy=_check_copy(copy, "call")))
+  function = interned(HostFunction(
+      callback_func, arg_treedef, with_device=call_with_device, is_call=True,
+      result_treedef=result_treedef, result_avals=result_avals,
+      copy=_check_flag(copy, "copy", "call"),
+      partitioned=_check_flag(partitioned, "partitioned", "call"),
+      with_shard=_check_flag(call_with_shard, "call_with_shard", "call")))
   out = primitive.bind(arg_leaves, function=function,
                        num_args=len(arg_leaves), device_index=device_index)
   return jax.tree_util.tree_unflatten(result_treedef, out)

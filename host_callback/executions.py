@@ -65,8 +65,9 @@ def lower_mark(ctx: Any, token: Any, *, end: bool) -> Any:
   if devices is None:
     mlir.lower_fun(mark, multiple_results=True)(mark_ctx)
   else:  # automatically sharded code
-    per_device.lower_on_each_device(mark_ctx, mark, devices, in_specs=(),
-                                    out_specs=[])
+    per_device.lower_on_each_device(
+        mark_ctx, mark, per_device.one_axis_mesh(devices), in_specs=(),
+        out_specs=[])
   return mark_ctx.tokens_out.get(_EFFECT)
 
 

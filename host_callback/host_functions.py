@@ -7,7 +7,8 @@ import functools
 import operator
 import threading
 import weakref
-from typing import Any, Callable, Dict, Hashable, List, Optional, Sequence, Tuple
+from typing import (Any, Callable, Dict, Hashable, List, NamedTuple, Optional,
+                    Sequence, Tuple)
 
 import jax
 import numpy as np
@@ -19,6 +20,56 @@ from . import failures
 Transforms = Tuple[Tuple[str, Tuple[Tuple[str, Any], ...]], ...]
 
 
+class Shard(NamedTuple):
+  """Where a host function's shard lies (`tap_with_shard=True`, or
+  `call_with_shard=True`), as `jax.Array.addressable_shards` says it: for
+  each leaf of `arg` (a pytree like `arg`), the `index` of the shard in the
+  global value (a tuple of slices), the `global_shape`, and the
+  `replica_id` (0 for the first device, in the mesh's order, that holds
+  that part: a replicated value gives each device a shard with the same
+  index)."""
+  device: Any
+  index: Any
+  global_shape: Any
+  replica_id: Any
+
+
+# One leaf's part on a device: (start, stop) of each dimension.
+Part = Tuple[Tuple[Optional[int], Optional[int]], ...]
+
+
+@dataclasses.dataclass(frozen=True)
+class ShardTable:
+  """Each device's `Shard` of a partitioned site, hashable (slices are not,
+  before Python 3.12): by device number, each sent leaf's part and replica
+  id; and the leaves' global shapes."""
+  parts: Tuple[Tuple[int, Tuple[Part, ...], Tuple[int, ...]], ...]
+  global_shapes: Tuple[Tuple[int, ...], ...]
+
+  def shards(self, device_by_number: Callable[[int], Any],
+             treedef: Any) -> Dict[int, Shard]:
+    def tree(leaves: Sequence[Any]) -> Any:
+      return jax.tree_util.tree_unflatten(treedef, list(leaves))
+    global_shape = tree(self.global_shapes)
+    return {number: Shard(device_by_number(number),
+                          tree([tuple(slice(*bounds) for bounds in part)
+                                for part in parts]),
+                          global_shape, tree(replicas))
+            for number, parts, replicas in self.parts}
+
+
+def whole_value_shard(device: Any, treedef: Any,
+                      arrays: Sequence[np.ndarray]) -> Shard:
+  """The `Shard` of a value that is not split (one device, or the
+  per-device value of `shard_map` and `pmap`): the whole of it."""
+  def tree(leaves: Sequence[Any]) -> Any:
+    return jax.tree_util.tree_unflatten(treedef, list(leaves))
+  return Shard(device,
+               tree([tuple(slice(None) for _ in a.shape) for a in arrays]),
+               tree([tuple(a.shape) for a in arrays]),
+               tree([0] * len(arrays)))
+
+
 @dataclasses.dataclass(frozen=True, eq=False)
 class HostFunction:
   """A host function and how to call it; hashed by identity, so make equal
@@ -26,7 +77,9 @@ class HostFunction:
 
   `result_treedef`/`result_avals` are set for `call` only. `copy` False:
   the function gets read-only arrays that may view the device's buffers
-  (`copy=False`).
+  (`copy=False`). `partitioned`: in automatically sharded code, each device
+  sends its own shard (see `partitioned.py`); `with_shard`: the function
+  gets `shard=`, from `shard_table` where the value is split.
   """
   func: Callable[..., Any]
   arg_treedef: Any
@@ -35,6 +88,9 @@ class HostFunction:
   result_treedef: Any = None
   result_avals: Tuple[jax.core.ShapedArray, ...] = ()
   copy: bool = True
+  partitioned: bool = False
+  with_shard: bool = False
+  shard_table: Optional[ShardTable] = None
 
   @property
   def name(self) -> str:
@@ -43,7 +99,8 @@ class HostFunction:
   def _signature(self) -> Tuple[Hashable, ...]:
     """Everything but `func`, which equal host functions share too."""
     return (self.arg_treedef, self.with_device, self.is_call,
-            self.result_treedef, self.result_avals, self.copy)
+            self.result_treedef, self.result_avals, self.copy,
+            self.partitioned, self.with_shard, self.shard_table)
 
 
 def _hash_of(func: Callable[..., Any]) -> int:
@@ -221,17 +278,28 @@ def make_consumer(function: HostFunction, transforms: Transforms,
   argument = _argument_builder(function.arg_treedef)
   unpacked = unpack_transforms(transforms)
   devices: Dict[int, Dict[str, Any]] = {}
+  shards = (function.shard_table.shards(device_by_number,
+                                        function.arg_treedef)
+            if function.shard_table is not None else None)
 
-  def device_kwargs(device_id: int) -> Dict[str, Any]:
+  def device_kwargs(device_id: int,
+                    arrays: Sequence[np.ndarray]) -> Dict[str, Any]:
+    """`device=` and `shard=`, as the function asked."""
     kwargs = devices.get(device_id)
     if kwargs is None:
-      kwargs = devices[device_id] = (
-          {"device": device_by_number(device_id)}
-          if function.with_device else {})
+      device = device_by_number(device_id)
+      kwargs = {"device": device} if function.with_device else {}
+      if shards is not None:
+        kwargs["shard"] = shards[device_id]
+      devices[device_id] = kwargs
+    if function.with_shard and shards is None:
+      # Not split (each site's own shapes): the whole value.
+      return {**kwargs, "shard": whole_value_shard(
+          device_by_number(device_id), function.arg_treedef, arrays)}
     return kwargs
 
   if not function.is_call:
-    if not function.with_device:
+    if not (function.with_device or function.with_shard):
       def tap(arrays: Sequence[np.ndarray], device_id: int) -> None:
         try:
           func(argument(arrays), unpacked)
@@ -242,7 +310,7 @@ def make_consumer(function: HostFunction, transforms: Transforms,
 
     def tap_with_device(arrays: Sequence[np.ndarray], device_id: int) -> None:
       try:
-        func(argument(arrays), unpacked, **device_kwargs(device_id))
+        func(argument(arrays), unpacked, **device_kwargs(device_id, arrays))
       except BaseException:
         failures.notify(device_id, is_call=False)
         raise
@@ -251,7 +319,7 @@ def make_consumer(function: HostFunction, transforms: Transforms,
   def call(arrays: Sequence[np.ndarray], device_id: int
            ) -> Sequence[np.ndarray]:
     try:
-      result = func(argument(arrays), **device_kwargs(device_id))
+      result = func(argument(arrays), **device_kwargs(device_id, arrays))
     except BaseException as error:
       failures.notify(device_id, is_call=True)
       if not isinstance(error, Exception):

@@ -23,13 +23,13 @@ import jax
 import numpy as np
 
 from . import _jax_adapter as adapter
-from . import (lowering_native, lowering_python, native_handlers, primitive,
-               runtime, settings)
+from . import (lowering_native, lowering_python, native_handlers, partitioned,
+               primitive, runtime, settings)
 from ._jax_adapter import mlir
 from .devices import device_number
 from .host_functions import HostFunction, Transforms
 from .lowering_kinds import Kind
-from .per_device import AXIS, lower_on_each_device
+from .per_device import AXIS, lower_on_each_device, one_axis_mesh
 
 _EMITTERS = {"native": lowering_native.emit, "python": lowering_python.emit}
 
@@ -73,6 +73,10 @@ def lower(ctx: Any, *operands: Any, function: HostFunction, num_args: int,
   name = transport_for(ctx)
   synchronous = is_synchronous(ctx)
   devices = adapter.sharded_devices(ctx)
+  if devices is not None and function.partitioned:
+    return partitioned.lower(ctx, *operands, devices=devices,
+                             function=function, num_args=num_args,
+                             transforms=transforms)
   if devices is not None:
     adapter.check_device_index(device_index, len(devices))
     # Under Shardy, a side-effecting custom call that is not one of JAX's
@@ -145,7 +149,7 @@ def _lower_gathered(ctx: Any, *operands: Any, devices: Sequence[Any],
   out_avals = list(result_avals) if function.is_call else []
   arg_ctx = ctx.replace(avals_in=unsharded, avals_out=out_avals)
   results = lower_on_each_device(
-      arg_ctx, per_device, devices, *operands,
+      arg_ctx, per_device, one_axis_mesh(devices), *operands,
       in_specs=(jax.sharding.PartitionSpec(),) * len(operands),
       out_specs=jax.sharding.PartitionSpec())
   ctx.set_tokens_out(arg_ctx.tokens_out)

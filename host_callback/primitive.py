@@ -44,8 +44,10 @@ def _impl(*operands, function: HostFunction, num_args: int, device_index: int,
   would (`runtime.run_eager`). Otherwise it goes through the receiver as
   jitted taps do, in the device's order, by an op compiled once per
   signature (`_eager_op`), the host function travelling as a ticket
-  (`runtime.eager_ticket`). With the inline setting, it runs in the
-  caller."""
+  (`runtime.eager_ticket`); a partitioned one on an array split over
+  devices is compiled as JAX compiles a primitive, with the array's
+  sharding, so that each device sends its shard. With the inline setting,
+  it runs in the caller."""
   if settings.inline.value:
     arrays = [jax.numpy.asarray(x) for x in operands[:num_args]]
     device = next(iter(arrays[0].devices())) if arrays else jax.devices()[0]
@@ -54,7 +56,8 @@ def _impl(*operands, function: HostFunction, num_args: int, device_index: int,
     if not function.is_call:
       return list(operands)
     return [jax.numpy.asarray(r) for r in result]
-  if runtime.is_eager_function(function):  # `_eager_op` under disable_jit
+  if runtime.is_eager_function(function) or (  # `_eager_op` under disable_jit
+      function.partitioned and _split(operands)):  # sent shard by shard
     return adapter.apply_primitive(
         host_callback_p, *operands, function=function, num_args=num_args,
         device_index=device_index, transforms=transforms)
@@ -105,6 +108,12 @@ def _synchronous_device(args: Sequence[Any], device_index: int) -> Any:
       settings.outfeed_mode(device.platform)):
     return None
   return device
+
+
+def _split(operands: Sequence[Any]) -> bool:
+  """Whether an operand is a `jax.Array` on several devices."""
+  return any(isinstance(x, jax.Array) and len(x.sharding.device_set) > 1
+             for x in operands)
 
 
 def _host_array(array: jax.Array) -> Any:

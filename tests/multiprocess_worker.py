@@ -54,6 +54,32 @@ result = jax.jit(lambda v: hcb.call(
 shards = sorted(np.asarray(s.data).tolist() for s in result.addressable_shards)
 hcb.barrier_wait()
 
+# Partitioned, over a mesh with an explicit axis: each device sends its own
+# shard, in its own process, and a call returns each device its shard.
+explicit = Mesh(np.array(jax.devices()), ("d",),
+                axis_types=(jax.sharding.AxisType.Explicit,))
+xe = jax.make_array_from_callback((4,), NamedSharding(explicit, P("d")),
+                                  lambda index: np.arange(4.)[index])
+
+
+def shard_tap(arg, transforms, shard):
+  log.append(["part", shard.device.id, arg.tolist(), shard.index[0].start])
+
+
+def shard_call(arg, shard):
+  log.append(["pcall", shard.device.id, arg.tolist(), shard.index[0].start])
+  return arg * 100 + shard.index[0].start
+
+
+jax.jit(lambda v: hcb.id_tap(shard_tap, v, partitioned=True,
+                             tap_with_shard=True))(xe).block_until_ready()
+partitioned = jax.jit(lambda v: hcb.call(
+    shard_call, v, result_shape=v, partitioned=True,
+    call_with_shard=True))(xe)
+partitioned_shards = sorted(np.asarray(s.data).tolist()
+                            for s in partitioned.addressable_shards)
+hcb.barrier_wait()
+
 
 # An exception in a tap surfaces in the process where the tap ran.
 def fail_on_last_device(arg, transforms, device):
@@ -72,5 +98,6 @@ except hcb.CallbackException as error:
 print("RESULT " + json.dumps({
     "local": [d.id for d in jax.local_devices()],
     "all": [d.id for d in jax.devices()],
-    "log": sorted(log), "shards": shards, "raised": raised}), flush=True)
+    "log": sorted(log), "shards": shards,
+    "partitioned_shards": partitioned_shards, "raised": raised}), flush=True)
 jax.distributed.shutdown()

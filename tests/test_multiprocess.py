@@ -46,13 +46,21 @@ def test_each_process_receives_its_own_devices_callbacks(transport):
   d2, d3 = second["local"]
   assert first["all"] == second["all"] == [d0, d1, d2, d3]
   whole = [0.0, 1.0, 2.0, 3.0]
+  # Partitioned taps and calls: each device's own shard, in its process.
   assert first["log"] == sorted([
       ["pmap", d0, 0.0], ["pmap", d1, 1.0],
-      ["jit0", d0, [0.0, 2.0, 4.0, 6.0]]])
+      ["jit0", d0, [0.0, 2.0, 4.0, 6.0]],
+      ["part", d0, [0.0], 0], ["part", d1, [1.0], 1],
+      ["pcall", d0, [0.0], 0], ["pcall", d1, [1.0], 1]])
   assert second["log"] == sorted([
       ["pmap", d2, 10.0], ["pmap", d3, 11.0],
-      ["jit3", d3, [0.0, 2.0, 4.0, 6.0]], ["call", d3, whole]])
+      ["jit3", d3, [0.0, 2.0, 4.0, 6.0]], ["call", d3, whole],
+      ["part", d2, [2.0], 2], ["part", d3, [3.0], 3],
+      ["pcall", d2, [2.0], 2], ["pcall", d3, [3.0], 3]])
   # The call's whole result reaches both processes' shards.
   assert first["shards"] == second["shards"] == [[1.0, 2.0, 3.0, 4.0]] * 2
+  # A partitioned call: each device gets back its own shard of the result.
+  assert first["partitioned_shards"] == [[0.0], [101.0]]
+  assert second["partitioned_shards"] == [[202.0], [303.0]]
   assert first["raised"] is None
   assert second["raised"] == "raised on the last device"
