@@ -17,7 +17,7 @@ import importlib
 from typing import TYPE_CHECKING, Any
 
 __all__ = [
-    "CallbackException", "CallbackFlavor", "TapFunctionException",
+    "CallbackException", "CallbackFlavor", "Shard", "TapFunctionException",
     "barrier_wait", "call",
     "id_print", "id_tap", "install", "queue_statistics",
     "stop_outfeed_receiver",
@@ -27,6 +27,7 @@ __all__ = [
 _LAZY = {
     "CallbackException": ("receiver", "CallbackException"),
     "CallbackFlavor": ("api", "CallbackFlavor"),
+    "Shard": ("host_functions", "Shard"),
     "TapFunctionException": ("receiver", "CallbackException"),
     "barrier_wait": ("api", "barrier_wait"),
     "call": ("api", "call"),
@@ -41,6 +42,7 @@ if TYPE_CHECKING:  # what static tools see; at run time __getattr__ loads them
   from .api import (CallbackFlavor, barrier_wait, call, id_print, id_tap,
                     queue_statistics, stop_outfeed_receiver)
   from .compat import install
+  from .host_functions import Shard
   from .receiver import CallbackException
   TapFunctionException = CallbackException
 

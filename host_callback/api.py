@@ -202,6 +202,14 @@ def id_tap(tap_func: Callable[..., Any], arg: Any, *, result: Any = None,
       synchronous mode on CPU, valid only until it returns (keeping one fails
       the computation; keep `np.array(a)` instead). An extension: the
       original had no such keyword.
+    partitioned: under a sharded `jit`, each device calls `tap_func` with
+      its own shard of `arg` (as JAX shards it at trace time: a mesh with
+      explicit axes), and nothing is gathered; `device_index` is then
+      unused. Elsewhere the whole value, as without it. An extension, the
+      keyword of `jax.debug.callback`.
+    tap_with_shard: also pass `shard=`, a `host_callback.Shard` saying
+      where the shard lies in the global value (the whole value where it is
+      not split). An extension.
 
   Returns:
     `arg`, or `result` when given.
@@ -272,6 +280,7 @@ def id_print(arg: Any, *, result: Any = None, tap_with_device: bool = False,
       `print` when None.
     threshold: passed to `numpy.array2string` (NumPy's default when None).
     copy: see `id_tap` (the printer keeps nothing).
+    partitioned: see `id_tap`: each device prints its own shard.
     kwargs: printed in the header line.
 
   Returns:
@@ -381,6 +390,12 @@ def call(callback_func: Callable[..., Any], arg: Any, *,
       value.
     copy: False to get `arg` as read-only arrays that may view the device's
       buffers, valid only until `callback_func` returns; see `id_tap`.
+    partitioned: under a sharded `jit`, each device calls `callback_func`
+      with its own shard of `arg` and gets back its shard of the result:
+      `result_shape` describes the global result, which is split like the
+      first leaf of `arg` (a `ValueError` at trace time where it cannot
+      be). See `id_tap`.
+    call_with_shard: also pass `shard=`; see `id_tap`'s `tap_with_shard`.
 
   Returns:
     The host result, as JAX arrays shaped like `result_shape`.

@@ -28,7 +28,7 @@ def run_example(name, transport, *args, devices=1):
 
 def test_every_example_is_tested():
   tested = {"progress_bar.py", "pmap_progress.py", "csv_metrics.py",
-            "scipy_call.py"}
+            "scipy_call.py", "sharded_checkpoint.py"}
   assert {p.name for p in EXAMPLES.glob("*.py")} == tested
 
 
@@ -80,3 +80,13 @@ def test_scipy_call(transport):
   difference = float(lines[0].removeprefix("max |grad - finite difference| = "))
   assert difference < 1e-7, lines[0]
   assert lines[1] == "first zero of Ai: -2.33810741 (tabulated: -2.33810741)"
+
+
+def test_sharded_checkpoint(transport, tmp_path):
+  stdout, _ = run_example("sharded_checkpoint.py", transport, str(tmp_path),
+                          devices=4)
+  assert stdout.splitlines() == [
+      "step 2: 4 shard files, one per device",
+      "reassembled w equals the device array: True"]
+  assert sorted(p.name for p in tmp_path.glob("w_step0_*")) == [
+      f"w_step0_rows{2 * i}-{2 * i + 2}.npy" for i in range(4)]

@@ -45,6 +45,7 @@ os.environ.setdefault("XLA_FLAGS", "--xla_force_host_platform_device_count=4")
 import jax  # noqa: E402  (after XLA_FLAGS)
 import jax.numpy as jnp  # noqa: E402
 from jax.experimental import io_callback  # noqa: E402
+from jax.sharding import NamedSharding, PartitionSpec as P  # noqa: E402
 
 import host_callback as hcb  # noqa: E402
 from host_callback import runtime  # noqa: E402
@@ -83,6 +84,24 @@ def _tap_io(func: Callable) -> Callable:
 def _first(tap: Callable) -> Callable:
   """`tap`, returning one element: no output copy of the tapped array."""
   return lambda x: tap(x).ravel()[0]
+
+
+def _tap_hcb_partitioned(func: Callable) -> Callable:
+  return lambda x: hcb.id_tap(lambda arg, transforms: func(arg), x,
+                              partitioned=True)
+
+
+def _tap_debug_partitioned(func: Callable) -> Callable:
+  def tap(x):
+    jax.debug.callback(func, x, partitioned=True)
+    return x
+  return tap
+
+
+def _first_of_rows(tap: Callable) -> Callable:
+  """`tap`, returning the first element of each row of a value sharded by
+  rows: no output copy, and nothing gathered."""
+  return lambda x: tap(x)[:, 0, 0]
 
 
 def _call_hcb(func: Callable, copy: bool = True) -> Callable:
@@ -368,6 +387,20 @@ def collect(quick: bool, repeat: int, only: str = "") -> List[Row]:
         lambda make, a=array: 1e3 * _one_shot_times(make(_noop), a,
                                                      repeat)[0],
         {}, lambda f: _first(_tap_hcb(f)))
+    del array
+  scenario = ("sharded tap of 256 MiB f32[64,1024,1024] over 4 devices by "
+              "rows, partitioned, until the host functions ran")
+  if re.search(only, scenario):
+    mesh = jax.make_mesh((4,), ("rows",))
+    array = jax.device_put(jnp.zeros((64, 1024, 1024), jnp.float32),
+                           NamedSharding(mesh, P("rows")))
+    add(scenario, "ms",
+        lambda make, a=array: 1e3 * _one_shot_times(make(_noop), a,
+                                                     repeat)[0],
+        {"hcb gathered": lambda f: _first_of_rows(_tap_hcb(f)),
+         "debug.callback(partitioned)":
+             lambda f: _first_of_rows(_tap_debug_partitioned(f))},
+        lambda f: _first_of_rows(_tap_hcb_partitioned(f)))
     del array
   taps = 1000 // scale
   for index, label in ((0, "jitted call returns"), (1, "result ready"),
