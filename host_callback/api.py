@@ -13,7 +13,7 @@ from typing import Any, Callable, Dict, Optional, TextIO, Tuple
 import jax
 import numpy as np
 
-from . import barrier, lowering, primitive, runtime  # noqa: F401 (lowering: registers)
+from . import barrier, primitive, runtime
 from .devices import most_devices
 from .host_functions import HostFunction, interned
 from .printing import Printer

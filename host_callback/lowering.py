@@ -17,15 +17,14 @@ token keeps it in order with later taps and calls.
 
 from __future__ import annotations
 
-from typing import Any, List, Sequence
+from typing import Any, Callable, List, Sequence
 
 import jax
 import numpy as np
 
 from . import _jax_adapter as adapter
 from . import (lowering_native, lowering_python, native_handlers, partitioned,
-               primitive, runtime, settings)
-from ._jax_adapter import mlir
+               runtime, settings)
 from .devices import device_number
 from .host_functions import HostFunction, Transforms
 from .lowering_kinds import Kind
@@ -66,15 +65,17 @@ def _wire_dtype(dtype: Any) -> np.dtype:
   return np.dtype(np.bool_) if dtype == jax.dtypes.float0 else np.dtype(dtype)
 
 
-def lower(ctx: Any, *operands: Any, function: HostFunction, num_args: int,
-          device_index: int, transforms: Transforms) -> List[Any]:
-  """Lowers a tap or a call with the transport chosen for this lowering."""
+def lower(ctx: Any, *operands: Any, bind: Callable[..., List[Any]],
+          function: HostFunction, num_args: int, device_index: int,
+          transforms: Transforms) -> List[Any]:
+  """Lowers a tap or a call with the transport chosen for this lowering;
+  `bind` binds the primitive again (per device, in sharded code)."""
   settings.queue_bytes()  # a bad setting fails here, at compile time
   name = transport_for(ctx)
   synchronous = is_synchronous(ctx)
   devices = adapter.sharded_devices(ctx)
   if devices is not None and function.partitioned:
-    return partitioned.lower(ctx, *operands, devices=devices,
+    return partitioned.lower(ctx, *operands, bind=bind, devices=devices,
                              function=function, num_args=num_args,
                              transforms=transforms)
   if devices is not None:
@@ -82,7 +83,7 @@ def lower(ctx: Any, *operands: Any, function: HostFunction, num_args: int,
     # Under Shardy, a side-effecting custom call that is not one of JAX's
     # own callbacks loses its single-device sharding, and JAX's own fail
     # under `jax.set_mesh` with auto axes: gather instead.
-    results = _lower_gathered(ctx, *operands, devices=devices,
+    results = _lower_gathered(ctx, *operands, bind=bind, devices=devices,
                               function=function,
                               num_args=num_args, device_index=device_index,
                               transforms=transforms)
@@ -116,7 +117,8 @@ def _open_devices(producer: Any, devices: Sequence[Any]) -> None:
       runtime.open_device(producer, device_number(device))
 
 
-def _lower_gathered(ctx: Any, *operands: Any, devices: Sequence[Any],
+def _lower_gathered(ctx: Any, *operands: Any, bind: Callable[..., List[Any]],
+                    devices: Sequence[Any],
                     function: HostFunction, num_args: int, device_index: int,
                     transforms: Transforms) -> List[Any]:
   """Sharded jit: the op inside a shard_map, sending from one device only.
@@ -128,7 +130,7 @@ def _lower_gathered(ctx: Any, *operands: Any, devices: Sequence[Any],
   result_avals = function.result_avals if function.is_call else ()
 
   def send(values):
-    return primitive.bind(values, function=function, num_args=num_args,
+    return bind(values, function=function, num_args=num_args,
                           device_index=0, transforms=transforms)
 
   def skip(values):
@@ -155,5 +157,3 @@ def _lower_gathered(ctx: Any, *operands: Any, devices: Sequence[Any],
   ctx.set_tokens_out(arg_ctx.tokens_out)
   return list(results)
 
-
-mlir.register_lowering(primitive.host_callback_p, lower, cacheable=False)

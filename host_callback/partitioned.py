@@ -20,12 +20,11 @@ from __future__ import annotations
 
 import dataclasses
 import math
-from typing import Any, List, Sequence, Tuple
+from typing import Any, Callable, List, Sequence, Tuple
 
 import jax
 import numpy as np
 
-from . import primitive
 from .devices import device_number
 from .host_functions import (HostFunction, Part, ShardTable, Transforms,
                              interned)
@@ -71,8 +70,9 @@ def _shard_shape(shape: Sequence[int], spec: Any, mesh: Any,
   divide."""
   spec = tuple(spec) + (None,) * (len(shape) - len(spec))
   if len(spec) > len(shape):
-    raise ValueError(f"host_callback.call(partitioned=True): {what} has "
-                     f"rank {len(shape)}, too small for the sharding {P(*spec)}")
+    raise ValueError(
+        f"host_callback.call(partitioned=True): {what} has rank "
+        f"{len(shape)}, too small for the sharding {P(*spec)}")
   out = []
   for size, axes in zip(shape, spec):
     names = () if axes is None else (axes if isinstance(axes, tuple)
@@ -109,11 +109,12 @@ def _part(index: Tuple[slice, ...]) -> Part:
   return tuple((part.start, part.stop) for part in index)
 
 
-def lower(ctx: Any, *operands: Any, devices: Sequence[Any],
-          function: HostFunction, num_args: int,
+def lower(ctx: Any, *operands: Any, bind: Callable[..., List[Any]],
+          devices: Sequence[Any], function: HostFunction, num_args: int,
           transforms: Transforms) -> List[Any]:
   """Lowers a partitioned tap or call in automatically sharded code: each
-  device runs the host function on its own shard (see the module's doc)."""
+  device runs the host function on its own shard (see the module's doc);
+  `bind` binds the primitive on each device."""
   api = "call" if function.is_call else "id_tap"
   abstract, specs = _mesh_and_specs(ctx.avals_in, api)
   mesh = _concrete_mesh(abstract, devices)
@@ -132,8 +133,8 @@ def lower(ctx: Any, *operands: Any, devices: Sequence[Any],
                    if function.with_shard else None)))
 
   def on_each_device(*values: Any) -> List[Any]:
-    out = primitive.bind(values, function=per_shard, num_args=num_args,
-                         device_index=0, transforms=transforms)
+    out = bind(values, function=per_shard, num_args=num_args,
+               device_index=0, transforms=transforms)
     return out if function.is_call else []
 
   op_ctx = ctx.replace(avals_out=list(function.result_avals)

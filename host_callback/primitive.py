@@ -1,7 +1,8 @@
 """The `host_callback` primitive and its rules, in the order JAX applies them.
 
-One primitive serves taps and calls; `lowering` registers its lowering, and
-`ordering` owns the token that keeps it in order. Its operands are the leaves sent to the
+One primitive serves taps and calls; its lowering rule is
+`lowering.lower`, registered at the end, and `ordering` owns the token that
+keeps it in order. Its operands are the leaves sent to the
 host (`num_args` of them) followed, for taps, by the leaves of `result=`;
 a tap returns all its operands unchanged (identity), a call returns
 `function.result_avals`.
@@ -16,8 +17,9 @@ import jax
 from jax.extend.core import Primitive
 
 from . import _jax_adapter as adapter
-from . import ordering, runtime, settings  # noqa: F401 (ordering: the token)
-from ._jax_adapter import ad, batching
+# ordering: the token that keeps the op in order, set up when imported.
+from . import lowering, ordering, runtime, settings  # noqa: F401
+from ._jax_adapter import ad, batching, mlir
 from .host_functions import HostFunction, Transforms
 
 host_callback_p = Primitive("host_callback")
@@ -228,3 +230,10 @@ adapter.register_partial_eval_custom_rule(host_callback_p, _partial_eval_custom)
 
 adapter.install_while_lowering()  # taps in a batched while predicate
 adapter.install_scan_hoisting_guard()  # taps stay in loops under grad
+
+
+# --- lowering: where the op runs, then the transport's op (lowering.py) ---
+
+mlir.register_lowering(host_callback_p, functools.partial(lowering.lower,
+                                                          bind=bind),
+                       cacheable=False)
