@@ -26,7 +26,7 @@ import functools
 import logging
 import threading
 import time
-from typing import Any, Dict, Optional, Tuple
+from typing import Any, Callable, Dict, List, Optional, Tuple
 
 import jax
 
@@ -56,6 +56,25 @@ _STALLED_SECONDS = 2.0
 
 # (transport name, device id)
 _Key = Tuple[str, int]
+
+# Called after each barrier has waited: the progress bars close the bars
+# whose loops ended unseen. Appended to at import only.
+_after_wait: List[Callable[[], None]] = []
+
+
+def after_each_wait(listener: Callable[[], None]) -> None:
+  """Calls `listener()` after each barrier has waited, before it raises a
+  recorded error; what it raises is logged and dropped."""
+  if listener not in _after_wait:
+    _after_wait.append(listener)
+
+
+def _waited() -> None:
+  for listener in tuple(_after_wait):
+    try:
+      listener()
+    except Exception:  # pylint: disable=broad-except
+      logger.exception("host_callback: a barrier listener raised")
 
 
 class _Markers:
@@ -297,6 +316,7 @@ def barrier_wait(logging_name: Optional[str] = None) -> None:
   logger.debug("barrier_wait[%s]: start", logging_name)
   _wait_for_devices()
   runtime.release_retired()
+  _waited()
   logger.debug("barrier_wait[%s]: done", logging_name)
   runtime.raise_recorded_error()
 
@@ -306,6 +326,7 @@ def stop_outfeed_receiver() -> None:
   _check_not_in_consumer("stop_outfeed_receiver")
   runtime.check_usable()
   _wait_for_devices()
+  _waited()
   runtime.stop_receiver()
 
 

@@ -84,8 +84,10 @@ def _make_taps(total: Optional[int], ends_at_total: bool, print_rate: int,
   position = kwargs.pop("position", 0)
   for name in _DROPPED:
     kwargs.pop(name, None)
-  return _Taps(Loop(total, ends_at_total, print_rate, tqdm_class, desc,
-                    position, per_device, kwargs))
+  on_screen = not issubclass(
+      tqdm_class, importlib.import_module("tqdm.notebook").tqdm)
+  return _Taps(Loop(total, ends_at_total, print_rate, tqdm_class, on_screen,
+                    desc, position, per_device, kwargs))
 
 
 def _devices_per_run() -> int:
