@@ -57,6 +57,10 @@ class _Bar:
 
 _lock = threading.RLock()
 _open: Set[_Bar] = set()  # the bars not closed yet
+# Rows kept for the per-device bars of a loop that began on another device
+# first, by (loop, position): so that rows stand in device order even when
+# a device ends its loop before the next one began it.
+_reserved: Dict[Tuple[Loop, int], screen.Row] = {}
 
 
 def _close(bar: _Bar) -> None:
@@ -83,10 +87,14 @@ def _close_device(number: int) -> None:
 
 
 def _close_unfinished() -> None:
-  """After a barrier: closes the bars still open."""
+  """After a barrier: closes the bars still open, and drops the rows kept
+  for bars that never began."""
   with _lock:
     for bar in list(_open):
       _close(bar)
+    for row in _reserved.values():
+      row.close()
+    _reserved.clear()
 
 
 failures.add_listener(_close_device)
@@ -198,7 +206,7 @@ class Loop:
       else:
         _close(bar)
     if bar is None or bar.closed:
-      rows = self.per_device and tap.devices > 1
+      rows = tap.devices if self.per_device else 1
       pbar, row = self._new_tqdm(bar_id, device, tap.depth, rows, past)
       bar = _Bar(pbar, self, row, {number: 0})
       self._bars[key] = bar
@@ -207,11 +215,12 @@ class Loop:
     return bar
 
   def _new_tqdm(self, bar_id: Optional[int], device: Any, depth: int,
-                rows: bool, past: bool) -> Tuple[Any, Optional[screen.Row]]:
-    """A tqdm bar and the screen row it draws into (None for a widget);
-    `past`: one that counts the steps past the loop's total."""
-    index, stride, desc = 0, 1, self.desc
-    if rows:
+                rows: int, past: bool) -> Tuple[Any, Optional[screen.Row]]:
+    """A tqdm bar and the screen row it draws into (None for a widget), on
+    the device's row when `rows` devices have one each; `past`: one that
+    counts the steps past the loop's total."""
+    index, stride, desc, local = 0, 1, self.desc, []
+    if rows > 1:
       local = jax.local_devices(backend=device.platform)
       index, stride = local.index(device), len(local)
       desc = f"{device}: {desc}"
@@ -221,7 +230,11 @@ class Loop:
       kwargs["postfix"] = f"past its total of {self.total}"
     row = None
     if self.on_screen:
-      row = screen.add_row(kwargs.pop("file", None) or sys.stderr, position)
+      file = kwargs.pop("file", None) or sys.stderr
+      if (self, position) not in _reserved and rows == len(local):
+        self._reserve(file, position - index, rows)  # a run's first device
+      row = _reserved.pop((self, position), None)
+      row = row or screen.add_row(file, position, self)
       kwargs["file"] = row
       if "ncols" not in kwargs and not kwargs.get("dynamic_ncols"):
         kwargs["ncols"] = row.width()
@@ -233,6 +246,13 @@ class Loop:
         row.close()
       raise
     return pbar, row
+
+  def _reserve(self, file: Any, first: int, devices: int) -> None:
+    """Keeps the rows `first`, `first + 1`, ... in order for the bars of
+    a run that `devices` devices begin, where none is kept yet."""
+    for position in range(first, first + devices):
+      if (self, position) not in _reserved:
+        _reserved[(self, position)] = screen.add_row(file, position, self)
 
   def _advance(self, bar: _Bar, number: int, steps: int) -> None:
     bar.steps[number] = steps

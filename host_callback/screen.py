@@ -2,8 +2,9 @@
 
 Each bar draws into a `Row`, the file its tqdm writes to; the row keeps the
 bar's latest text and its `Screen`, one per output file, draws every open
-row. On a terminal the rows stand below the cursor, in the order of their
-keys (a bar's position, then its creation), each on its own fixed line;
+row. On a terminal the rows stand below the cursor, each on its own fixed
+line, in the order of their positions, except that a row goes below the
+rows that its owner (a loop) still has from an earlier run;
 every draw rewrites them all in one write, so that threads never
 interleave partial rows. A row that closes stays in place until every row
 before it has closed; then its final text is written for good above the
@@ -20,26 +21,24 @@ from __future__ import annotations
 
 import atexit
 import contextlib
-import itertools
 import os
 import sys
 import threading
-from typing import Any, Dict, Iterator, List, Optional, TextIO, Tuple
+from typing import Any, Dict, Iterator, List, Optional, TextIO
 
 _CLEAR_LINE = "\x1b[K"  # from the cursor to the end of its line
 _CLEAR_BELOW = "\x1b[J"  # from the cursor to the end of the screen
 _UP = "\x1b[A"
-
-RowKey = Tuple[int, int]  # (position, creation number)
 
 
 class Row:
   """The file a bar's tqdm writes to: keeps the bar's text (what tqdm
   wrote last after a carriage return), and has its screen draw it."""
 
-  def __init__(self, screen: Screen, key: RowKey) -> None:
+  def __init__(self, screen: Screen, position: int, owner: object) -> None:
     self.screen = screen
-    self.key = key
+    self.position = position
+    self.owner = owner
     self.text = ""
     self.closed = False
 
@@ -94,14 +93,17 @@ class Screen:
     self.file = file
     self.live = _is_terminal(file)
     self._lock = threading.RLock()
-    self._rows: List[Row] = []  # by key
+    self._rows: List[Row] = []  # in the order they stand
     self._drawn = 0  # how many rows stand on the terminal below the cursor
 
-  def add(self, key: RowKey) -> Row:
+  def add(self, position: int, owner: object) -> Row:
+    """A row below those at `position` or before, and those of `owner`."""
     with self._lock:
-      row = Row(self, key)
-      self._rows.append(row)
-      self._rows.sort(key=lambda r: r.key)
+      row = Row(self, position, owner)
+      index = 1 + max((i for i, r in enumerate(self._rows)
+                       if r.position <= position or r.owner is owner),
+                      default=-1)
+      self._rows.insert(index, row)
       return row
 
   def empty(self) -> bool:
@@ -179,16 +181,15 @@ class Screen:
 
 _screens_lock = threading.Lock()  # guards _screens
 _screens: Dict[int, Screen] = {}  # by id(file): the screens with rows
-_numbers = itertools.count()
 
 
-def add_row(file: TextIO, position: int) -> Row:
-  """A new row at `position` on `file` (after the rows already there)."""
+def add_row(file: TextIO, position: int, owner: object) -> Row:
+  """A new row of `owner` at `position` on `file` (see `Screen.add`)."""
   with _screens_lock:
     screen = _screens.get(id(file))
     if screen is None or screen.file is not file:
       screen = _screens[id(file)] = Screen(file)
-    return screen.add((position, next(_numbers)))
+    return screen.add(position, owner)
 
 
 def _drop(screen: Screen) -> None:

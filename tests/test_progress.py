@@ -560,3 +560,41 @@ def test_bars_that_overrun_their_total_count_on(log):
   assert log.of(1) == updates(10, 50)
   assert log.bars[2].n == 70 and log.of(2)[-1] == ("close",)
   assert "past its total of 50" in str(log.bars[2])
+
+
+def test_per_device_bars_of_failed_runs_end_in_device_order(both_modes,
+                                                             transport):
+  """Each device's loop fails at step 3 (a call that raises; the bars
+  show step 2): each run's rows are written in device order, whichever
+  device ended first."""
+  done = run_python("""
+      import jax, jax.numpy as jnp
+      import host_callback as hcb
+      from host_callback.tqdm import scan_tqdm
+
+      def fails_at_3(i):
+        if i == 3:
+          raise ValueError("step 3")
+        return i
+
+      @scan_tqdm(10, print_rate=1)
+      def step(carry, i):
+        return carry + hcb.call(fails_at_3, i, result_shape=i), None
+
+      run = jax.pmap(lambda c: jax.lax.scan(step, c, jnp.arange(10))[0])
+      for _ in range(2):
+        try:
+          jax.block_until_ready(run(jnp.arange(4)))
+        except jax.errors.JaxRuntimeError:
+          pass
+      try:
+        hcb.barrier_wait()
+      except hcb.CallbackException:
+        pass
+      """, env=_mode_env(both_modes, transport))
+  assert done.returncode == 0, done.stderr
+  rows = [line for line in done.stderr.splitlines() if "iterations" in line]
+  assert [row.split(":")[:2] for row in rows] == [
+      ["cpu", str(k)] for k in range(4)] * 2, done.stderr
+  assert all(re.search(r"\| 2/10 \[.*ended early\]$", row) for row in rows), (
+      done.stderr)
