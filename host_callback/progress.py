@@ -21,8 +21,10 @@ its total says "ended early"; steps past the total of a loop of known length
 open a bar that counts on, without a total ("past its total of n").
 
 A bar draws into a row of `screen` (except notebook bars, which are
-widgets): the rows of one loop's per-device bars stand in device order, and
-stay until the last of them has closed.
+widgets). The first device to begin a run of a per-device loop on every
+local device makes every device's bar, in device order, so that the rows
+(or widgets) stand in that order; a screen row stays until the rows above
+it have closed.
 
 One lock (`_lock`) guards every bar; receiver threads of different devices
 take it around each tap.
@@ -57,10 +59,12 @@ class _Bar:
 
 _lock = threading.RLock()
 _open: Set[_Bar] = set()  # the bars not closed yet
-# Rows kept for the per-device bars of a loop that began on another device
-# first, by (loop, position): so that rows stand in device order even when
-# a device ends its loop before the next one began it.
-_reserved: Dict[Tuple[Loop, int], screen.Row] = {}
+Made = Tuple[Any, Optional[screen.Row]]  # a tqdm bar, and its row if any
+# The bars that the first device of a per-device loop's run made for the
+# other devices, by (loop, position), until they begin: so that the bars
+# (screen rows, or notebook widgets) stand in device order even when a
+# device ends its loop before another began it.
+_reserved: Dict[Tuple[Loop, int], Made] = {}
 
 
 def _close(bar: _Bar) -> None:
@@ -87,13 +91,16 @@ def _close_device(number: int) -> None:
 
 
 def _close_unfinished() -> None:
-  """After a barrier: closes the bars still open, and drops the rows kept
-  for bars that never began."""
+  """After a barrier: closes the bars still open, and removes those made
+  for devices that never began."""
   with _lock:
     for bar in list(_open):
       _close(bar)
-    for row in _reserved.values():
-      row.close()
+    for pbar, row in _reserved.values():
+      pbar.leave = False  # nothing of it stays
+      pbar.close()
+      if row is not None:
+        row.close()
     _reserved.clear()
 
 
@@ -215,26 +222,35 @@ class Loop:
     return bar
 
   def _new_tqdm(self, bar_id: Optional[int], device: Any, depth: int,
-                rows: int, past: bool) -> Tuple[Any, Optional[screen.Row]]:
+                rows: int, past: bool) -> Made:
     """A tqdm bar and the screen row it draws into (None for a widget), on
     the device's row when `rows` devices have one each; `past`: one that
-    counts the steps past the loop's total."""
-    index, stride, desc, local = 0, 1, self.desc, []
-    if rows > 1:
-      local = jax.local_devices(backend=device.platform)
-      index, stride = local.index(device), len(local)
-      desc = f"{device}: {desc}"
-    position = self.position + (bar_id or 0) + index + depth * stride
+    counts the steps past the loop's total. The first device of a run on
+    every local device makes the others' bars too, in device order."""
+    local = (jax.local_devices(backend=device.platform) if rows > 1
+             else [device])
+    index = local.index(device)
+    first = self.position + (bar_id or 0) + depth * len(local)
+    if (rows == len(local) > 1 and not past
+        and (self, first + index) not in _reserved):
+      for k, other in enumerate(local):
+        if (self, first + k) not in _reserved:
+          _reserved[(self, first + k)] = self._make(other, first + k, True,
+                                                    False)
+    made = _reserved.pop((self, first + index), None)
+    return made or self._make(device, first + index, rows > 1, past)
+
+  def _make(self, device: Any, position: int, named: bool,
+            past: bool) -> Made:
+    """A bar at `position`, its description `named` by `device` or not."""
+    desc = f"{device}: {self.desc}" if named else self.desc
     kwargs = dict(self.kwargs)
     if past:
       kwargs["postfix"] = f"past its total of {self.total}"
     row = None
     if self.on_screen:
-      file = kwargs.pop("file", None) or sys.stderr
-      if (self, position) not in _reserved and rows == len(local):
-        self._reserve(file, position - index, rows)  # a run's first device
-      row = _reserved.pop((self, position), None)
-      row = row or screen.add_row(file, position, self)
+      row = screen.add_row(kwargs.pop("file", None) or sys.stderr, position,
+                           self)
       kwargs["file"] = row
       if "ncols" not in kwargs and not kwargs.get("dynamic_ncols"):
         kwargs["ncols"] = row.width()
@@ -246,13 +262,6 @@ class Loop:
         row.close()
       raise
     return pbar, row
-
-  def _reserve(self, file: Any, first: int, devices: int) -> None:
-    """Keeps the rows `first`, `first + 1`, ... in order for the bars of
-    a run that `devices` devices begin, where none is kept yet."""
-    for position in range(first, first + devices):
-      if (self, position) not in _reserved:
-        _reserved[(self, position)] = screen.add_row(file, position, self)
 
   def _advance(self, bar: _Bar, number: int, steps: int) -> None:
     bar.steps[number] = steps

@@ -260,7 +260,9 @@ def test_pmap_draws_a_bar_per_device_on_its_own_row(log):
                  devices=cpu_devices(4))(jnp.arange(4))
   hcb.barrier_wait()
   assert out.tolist() == [66, 67, 68, 69]
-  assert sorted(log.made(), key=lambda made: made[2]) == _device_descs(4, 12)
+  # Made in device order, whichever device began first: the first makes
+  # them all (a notebook shows its widgets in the order they were made).
+  assert log.made() == _device_descs(4, 12)
   for number in range(4):
     assert log.of(number) == updates(4, 12)
 
@@ -295,7 +297,7 @@ def test_shard_map_per_device_and_sharded_jit_one_bar(log):
                               out_specs=P("x")))(x)
   hcb.barrier_wait()
   assert out.tolist() == [float(v) + 6 for v in range(8)]
-  assert sorted(log.made(), key=lambda made: made[2]) == _device_descs(4, 6)
+  assert log.made()[:4] == _device_descs(4, 6)
   assert [log.of(k) for k in range(4)] == [updates(3, 6)] * 4
   jax.jit(run)(x)  # sharded jit: one program, one bar
   hcb.barrier_wait()
