@@ -535,10 +535,10 @@ def summary_table(rows: List[Row]) -> str:
            "|---|---|---|---|---|"]
   for question, pattern, alternatives, scale in SUMMARY:
     row = next((r for r in rows if re.fullmatch(pattern, r[0])), None)
-    if row is None or _ours(row[2]) is None:
+    ours = None if row is None else _ours(row[2])
+    if row is None or ours is None:
       continue
-    scenario, unit, values = row
-    ours = _ours(values)
+    _, unit, values = row
     mine = f"{values[ours]:.3g} {unit}" + (
         "" if ours == "hcb[native]" else " (python transport)")
     present = [a for a in alternatives if a in values]

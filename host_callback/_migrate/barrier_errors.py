@@ -9,7 +9,7 @@ both look for it.
 from __future__ import annotations
 
 import ast
-from typing import List, Optional, Tuple
+from typing import List, Optional, Set, Tuple
 
 _EXCEPTIONS = ("CallbackException", "TapFunctionException")
 OUTFEED_HINT = (
@@ -47,7 +47,7 @@ def barrier_catches(source: str) -> List[Tuple[int, str]]:
     tree = ast.parse(source)
   except (SyntaxError, ValueError):
     return []
-  found = set()
+  found: Set[Tuple[int, str]] = set()
   for node in ast.walk(tree):
     if not isinstance(node, (ast.Try, ast.TryStar)):
       continue
