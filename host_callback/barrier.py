@@ -57,7 +57,8 @@ _CONSUMED_HERE = 16
 _STALLED_SECONDS = 2.0
 # Threads that dispatch no computation of ours themselves, by name prefix:
 # our receivers (what their host functions dispatch sends packets first)
-# and tqdm's monitor.
+# and tqdm's monitor. Threads that Python did not start (XLA's, which run
+# host functions on the devices' threads) do not either.
 _NOT_DISPATCHING = ("host_callback_", "tqdm_monitor")
 
 # (transport name, device id)
@@ -220,7 +221,8 @@ def _others_may_dispatch() -> bool:
   thread's."""
   current = threading.current_thread()
   return any(thread is not current and
-             not thread.name.startswith(_NOT_DISPATCHING)
+             not thread.name.startswith(_NOT_DISPATCHING) and
+             not isinstance(thread, threading._DummyThread)  # pylint: disable=protected-access
              for thread in threading.enumerate())
 
 
