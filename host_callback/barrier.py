@@ -26,7 +26,7 @@ import functools
 import logging
 import threading
 import time
-from typing import Any, Dict, Optional, Tuple
+from typing import Any, Callable, Dict, List, Optional, Tuple
 
 import jax
 
@@ -51,11 +51,37 @@ _CONSUMED_HERE = 16
 # waits, when every computation dispatched has finished (`probes`), was
 # stopped by an op that is not ours (say, a jax.pure_callback that raised),
 # which never counts it as ended, or is another thread's, inside a long op
-# between two callbacks; the barrier stops waiting for it.
+# between two callbacks; the barrier stops waiting for it. Where no other
+# thread can have dispatched it (`_others_may_dispatch`), it was stopped:
+# the barrier stops waiting at once.
 _STALLED_SECONDS = 2.0
+# Threads that dispatch no computation of ours themselves, by name prefix:
+# our receivers (what their host functions dispatch sends packets first)
+# and tqdm's monitor. Threads that Python did not start (XLA's, which run
+# host functions on the devices' threads) do not either.
+_NOT_DISPATCHING = ("host_callback_", "tqdm_monitor")
 
 # (transport name, device id)
 _Key = Tuple[str, int]
+
+# Called after each barrier has waited: the progress bars close the bars
+# whose loops ended unseen. Appended to at import only.
+_after_wait: List[Callable[[], None]] = []
+
+
+def after_each_wait(listener: Callable[[], None]) -> None:
+  """Calls `listener()` after each barrier has waited, before it raises a
+  recorded error; what it raises is logged and dropped."""
+  if listener not in _after_wait:
+    _after_wait.append(listener)
+
+
+def _waited() -> None:
+  for listener in tuple(_after_wait):
+    try:
+      listener()
+    except Exception:  # pylint: disable=broad-except
+      logger.exception("host_callback: a barrier listener raised")
 
 
 class _Markers:
@@ -155,20 +181,28 @@ class _InFlight:
       state = (begun, in_flight, sent, waiting)
       if state != last or waiting:
         last, last_change = state, now
-      elif now - last_change >= _STALLED_SECONDS:
-        # Only computations on CPU count their executions.
-        if not probes.cpu_finished(runtime.open_device_numbers()):
-          last_change = now  # a long computation, still running
-        else:
-          self._give_up(in_flight, now - last_change)
-          return
+      else:
+        others = _others_may_dispatch()
+        if not others or now - last_change >= _STALLED_SECONDS:
+          # Only computations on CPU count their executions.
+          if not probes.cpu_finished(runtime.open_device_numbers()):
+            last_change = now  # a long computation, still running
+          else:
+            self._give_up(in_flight, now - last_change, others)
+            return
       time.sleep(delay)
       delay = min(2 * delay, _POLL_SECONDS)
 
-  def _give_up(self, in_flight: int, seconds: float) -> None:
+  def _give_up(self, in_flight: int, seconds: float, others: bool) -> None:
     with self._lock:
       stuck = in_flight - self._given_up
       self._given_up = in_flight
+    if not others:
+      logger.info(
+          "host_callback.barrier_wait: %d computation(s) with taps or calls "
+          "failed in an op that is not host_callback's (their outputs hold "
+          "the error); not waiting for them.", stuck)
+      return
     logger.warning(
         "host_callback.barrier_wait: %d computation(s) with taps or calls "
         "began and made no progress for %.1f s; not waiting for them. If "
@@ -179,6 +213,17 @@ class _InFlight:
 
 
 _in_flight = _InFlight()
+
+
+def _others_may_dispatch() -> bool:
+  """Whether a live Python thread other than this one may have dispatched
+  a computation of ours that still runs: the probes follow only this
+  thread's."""
+  current = threading.current_thread()
+  return any(thread is not current and
+             not thread.name.startswith(_NOT_DISPATCHING) and
+             not isinstance(thread, threading._DummyThread)  # pylint: disable=protected-access
+             for thread in threading.enumerate())
 
 
 def _queue_activity() -> Tuple[int, int]:
@@ -297,6 +342,7 @@ def barrier_wait(logging_name: Optional[str] = None) -> None:
   logger.debug("barrier_wait[%s]: start", logging_name)
   _wait_for_devices()
   runtime.release_retired()
+  _waited()
   logger.debug("barrier_wait[%s]: done", logging_name)
   runtime.raise_recorded_error()
 
@@ -306,6 +352,7 @@ def stop_outfeed_receiver() -> None:
   _check_not_in_consumer("stop_outfeed_receiver")
   runtime.check_usable()
   _wait_for_devices()
+  _waited()
   runtime.stop_receiver()
 
 

@@ -4,15 +4,21 @@ Values are laid out with a small Wadler/Lindig pretty printer (the algorithm
 of JAX's own pretty printer, which the original used): a group is printed on
 one line when it fits in 80 columns, otherwise each of its breaks starts a new
 line indented by the group's nesting.
+
+While progress bars of ours are open on the same terminal, a print goes
+above them (`screen.printing_above`), as `tqdm.write` does.
 """
 
 from __future__ import annotations
 
 import dataclasses
+import sys
 import threading
 from typing import Any, Dict, List, Optional, Sequence, TextIO, Tuple, Union
 
 import numpy as np
+
+from . import screen
 
 WIDTH = 80
 
@@ -172,7 +178,8 @@ class Printer:
                device: Any = None) -> None:
     header = header_line(self.kwargs, transforms, device)
     text = render(value_doc(arg, self.threshold))
-    with _print_lock:
+    stream = self.output_stream or sys.stdout  # where print writes
+    with _print_lock, screen.printing_above(stream):
       if header:
         self._emit(header)
       self._emit(text)

@@ -14,7 +14,17 @@ A loop whose body was traced inside another decorated body is nested in it
 run instead of opening a new row, and closes when a bar of the outer loop on
 that device closes. A bar also closes when a host function's error stops its
 device (`failures`), and a step 0 for a bar that is still running (a run
-that stopped unseen) closes it and opens a fresh one.
+that stopped unseen) closes it and opens a fresh one. After a barrier every
+loop it waited for has ended: the bars still open close then (a loop shorter
+than its `n`, or stopped by an op that is not ours). A bar that closes before
+its total says "ended early"; steps past the total of a loop of known length
+open a bar that counts on, without a total ("past its total of n").
+
+A bar draws into a row of `screen` (except notebook bars, which are
+widgets). The first device to begin a run of a per-device loop on every
+local device makes every device's bar, in device order, so that the rows
+(or widgets) stand in that order; a screen row stays until the rows above
+it have closed.
 
 One lock (`_lock`) guards every bar; receiver threads of different devices
 take it around each tap.
@@ -23,13 +33,14 @@ take it around each tap.
 from __future__ import annotations
 
 import dataclasses
+import sys
 import threading
 from typing import Any, Dict, List, Optional, Set, Tuple
 
 import jax
 import numpy as np
 
-from . import failures
+from . import barrier, failures, screen
 from .devices import device_number
 
 Key = Tuple[Optional[int], Optional[int]]  # (bar id, device number)
@@ -40,6 +51,7 @@ class _Bar:
   """One tqdm bar, and the steps each device running its loop has done."""
   pbar: Any
   loop: Loop
+  row: Optional[screen.Row]  # None for a notebook bar
   steps: Dict[int, int] = dataclasses.field(default_factory=dict)
   running: Set[int] = dataclasses.field(default_factory=set)
   closed: bool = False
@@ -47,6 +59,12 @@ class _Bar:
 
 _lock = threading.RLock()
 _open: Set[_Bar] = set()  # the bars not closed yet
+Made = Tuple[Any, Optional[screen.Row]]  # a tqdm bar, and its row if any
+# The bars that the first device of a per-device loop's run made for the
+# other devices, by (loop, position), until they begin: so that the bars
+# (screen rows, or notebook widgets) stand in device order even when a
+# device ends its loop before another began it.
+_reserved: Dict[Tuple[Loop, int], Made] = {}
 
 
 def _close(bar: _Bar) -> None:
@@ -55,7 +73,11 @@ def _close(bar: _Bar) -> None:
     return
   bar.closed = True
   _open.discard(bar)
+  if bar.pbar.total is not None and bar.pbar.n < bar.pbar.total:
+    bar.pbar.set_postfix_str("ended early", refresh=False)
   bar.pbar.close()
+  if bar.row is not None:
+    bar.row.close()
   for number in bar.steps:
     for child in bar.loop.nested.pop(number, []):
       _close(child)
@@ -68,7 +90,22 @@ def _close_device(number: int) -> None:
       _close(bar)
 
 
+def _close_unfinished() -> None:
+  """After a barrier: closes the bars still open, and removes those made
+  for devices that never began."""
+  with _lock:
+    for bar in list(_open):
+      _close(bar)
+    for pbar, row in _reserved.values():
+      pbar.leave = False  # nothing of it stays
+      pbar.close()
+      if row is not None:
+        row.close()
+    _reserved.clear()
+
+
 failures.add_listener(_close_device)
+barrier.after_each_wait(_close_unfinished)
 
 
 @dataclasses.dataclass(frozen=True)
@@ -111,6 +148,7 @@ class Loop:
       (else a final tap does).
     print_rate: the bar shows the steps that are its multiples.
     tqdm_class: called as `tqdm_class(total=, position=, desc=, **kwargs)`.
+    on_screen: whether its bars draw into rows of `screen` (not widgets).
     desc: the bars' description (per-device bars add the device).
     position: the row of the first bar; bar ids, devices and nesting add.
     per_device: one bar per device under `pmap` and `shard_map`, or one for
@@ -119,12 +157,13 @@ class Loop:
   """
 
   def __init__(self, total: Optional[int], ends_at_total: bool,
-               print_rate: int, tqdm_class: Any, desc: str, position: int,
-               per_device: bool, kwargs: Dict[str, Any]):
+               print_rate: int, tqdm_class: Any, on_screen: bool, desc: str,
+               position: int, per_device: bool, kwargs: Dict[str, Any]):
     self.total = total
     self.ends_at_total = ends_at_total
     self.print_rate = print_rate
     self.tqdm_class = tqdm_class
+    self.on_screen = on_screen
     self.desc = desc
     self.position = position
     self.per_device = per_device
@@ -147,9 +186,10 @@ class Loop:
         if bar is not None and number in bar.running and begins:
           _close(bar)  # its last run stopped unseen: a fresh bar
         if bar is None or bar.closed or number not in bar.running:
-          if not begins and not final:
+          past = self.total is not None and steps >= self.total
+          if not begins and not final and not past:
             continue  # its step 0 went to a bar that has closed since
-          bar = self._start(tap, key, bar, bar_id, device, shared)
+          bar = self._start(tap, key, bar, bar_id, device, shared, past)
         if final or steps % self.print_rate == 0:
           self._advance(bar, number, steps)
         if final or (self.ends_at_total and steps == self.total - 1):
@@ -158,9 +198,11 @@ class Loop:
           self._end(tap, bar, number, shared)
 
   def _start(self, tap: Tap, key: Key, bar: Optional[_Bar],
-             bar_id: Optional[int], device: Any, shared: int) -> _Bar:
-    """The bar of a loop that begins on `device`: one that `shared` devices
-    share, joined; a nested one, reset; or a fresh one."""
+             bar_id: Optional[int], device: Any, shared: int,
+             past: bool) -> _Bar:
+    """The bar of a loop that begins on `device`, or that runs `past` its
+    total there: one that `shared` devices share, joined; a nested one,
+    reset; or a fresh one."""
     number = device_number(device)
     if bar is not None and not bar.closed:
       if len(bar.steps) < shared:
@@ -171,27 +213,62 @@ class Loop:
       else:
         _close(bar)
     if bar is None or bar.closed:
-      rows = self.per_device and tap.devices > 1
-      bar = _Bar(self._new_tqdm(bar_id, device, tap.depth, rows), self,
-                 {number: 0})
+      rows = tap.devices if self.per_device else 1
+      pbar, row = self._new_tqdm(bar_id, device, tap.depth, rows, past)
+      bar = _Bar(pbar, self, row, {number: 0})
       self._bars[key] = bar
       _open.add(bar)
     bar.running.add(number)
     return bar
 
   def _new_tqdm(self, bar_id: Optional[int], device: Any, depth: int,
-                rows: bool) -> Any:
-    row, stride, desc = 0, 1, self.desc
-    if rows:
-      local = jax.local_devices(backend=device.platform)
-      row, stride, desc = local.index(device), len(local), f"{device}: {desc}"
-    position = self.position + (bar_id or 0) + row + depth * stride
-    return self.tqdm_class(total=self.total, position=position, desc=desc,
-                           **self.kwargs)
+                rows: int, past: bool) -> Made:
+    """A tqdm bar and the screen row it draws into (None for a widget), on
+    the device's row when `rows` devices have one each; `past`: one that
+    counts the steps past the loop's total. The first device of a run on
+    every local device makes the others' bars too, in device order."""
+    local = (jax.local_devices(backend=device.platform) if rows > 1
+             else [device])
+    index = local.index(device)
+    first = self.position + (bar_id or 0) + depth * len(local)
+    if (rows == len(local) > 1 and not past
+        and (self, first + index) not in _reserved):
+      for k, other in enumerate(local):
+        if (self, first + k) not in _reserved:
+          _reserved[(self, first + k)] = self._make(other, first + k, True,
+                                                    False)
+    made = _reserved.pop((self, first + index), None)
+    return made or self._make(device, first + index, rows > 1, past)
+
+  def _make(self, device: Any, position: int, named: bool,
+            past: bool) -> Made:
+    """A bar at `position`, its description `named` by `device` or not."""
+    desc = f"{device}: {self.desc}" if named else self.desc
+    kwargs = dict(self.kwargs)
+    if past:
+      kwargs["postfix"] = f"past its total of {self.total}"
+    row = None
+    if self.on_screen:
+      row = screen.add_row(kwargs.pop("file", None) or sys.stderr, position,
+                           self)
+      kwargs["file"] = row
+      if "ncols" not in kwargs and not kwargs.get("dynamic_ncols"):
+        kwargs["ncols"] = row.width()
+    try:
+      pbar = self.tqdm_class(total=None if past else self.total,
+                             position=position, desc=desc, **kwargs)
+    except BaseException:
+      if row is not None:
+        row.close()
+      raise
+    return pbar, row
 
   def _advance(self, bar: _Bar, number: int, steps: int) -> None:
     bar.steps[number] = steps
     shown = min(bar.steps.values())
+    total = bar.pbar.total
+    if total is not None and shown > total >= bar.pbar.n:
+      bar.pbar.set_postfix_str(f"past its total of {total}", refresh=False)
     if shown > bar.pbar.n:
       bar.pbar.update(shown - bar.pbar.n)
 

@@ -12,6 +12,13 @@ all with `per_device=False`), under `vmap` one bar for the batch, nested
 loops reuse their inner bar, a bar closes when its computation fails, and a
 tap costs a few microseconds, so `print_rate=1` is affordable. The bars are
 drawn by the process that owns the device.
+
+In a terminal the bars of a loop keep their rows (per-device bars in device
+order) and end as one final row each; `id_print` writes above open bars;
+where output is not a terminal only the final rows are written. A bar whose
+loop ends before its total closes at the next `barrier_wait()` (at the
+latest at exit, or when the loop runs again) and says "ended early"; a
+loop that runs past its total counts on, "past its total of n".
 """
 
 from __future__ import annotations
@@ -84,8 +91,10 @@ def _make_taps(total: Optional[int], ends_at_total: bool, print_rate: int,
   position = kwargs.pop("position", 0)
   for name in _DROPPED:
     kwargs.pop(name, None)
-  return _Taps(Loop(total, ends_at_total, print_rate, tqdm_class, desc,
-                    position, per_device, kwargs))
+  on_screen = not issubclass(
+      tqdm_class, importlib.import_module("tqdm.notebook").tqdm)
+  return _Taps(Loop(total, ends_at_total, print_rate, tqdm_class, on_screen,
+                    desc, position, per_device, kwargs))
 
 
 def _devices_per_run() -> int:
@@ -163,7 +172,10 @@ def scan_tqdm(n: int, print_rate: Optional[int] = None,
 
   Decorates the body `f(carry, x)`, where `x` is the iteration number (scan
   over `jnp.arange(n)`) or a tuple whose first element is. The carry may be
-  a `PBar`.
+  a `PBar`. The bar closes after step `n - 1`; a scan shorter than `n`
+  leaves it open until the next `barrier_wait()` (or exit, or the loop's
+  next run), where it closes saying "ended early"; steps past `n` go to a
+  second bar without a total, "past its total of n".
 
   Args:
     n: the number of steps.
@@ -220,8 +232,9 @@ def while_tqdm(total: Optional[int] = None, print_rate: int = 1,
       while_loop = while_tqdm(total=100)
       final = while_loop(cond_fun, body_fun, init_val)
 
-  The bar shows `total` when given (a guess is fine: tqdm shows more than
-  100% when the loop runs longer), else the count alone, and closes when
+  The bar shows `total` when given (a guess is fine: past it the bar
+  shows the count alone, "past its total of n"; a loop that ends before it
+  closes there, "ended early"), else the count alone, and closes when
   the loop ends. `init_val` may be a `PBar`. Other arguments as
   `scan_tqdm`'s; `print_rate` is 1 by default, as a tap costs a few
   microseconds.

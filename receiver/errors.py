@@ -1,4 +1,5 @@
-"""Exceptions raised by host functions: logged at once, kept for the barrier."""
+"""Exceptions raised by host functions: kept for the barrier, and logged at
+once when no waiting computation fails with them."""
 
 from __future__ import annotations
 
@@ -36,7 +37,8 @@ class ErrorLog:
     self._ever_delivered = False
 
   def record(self, error: BaseException, *, delivered: bool = False) -> None:
-    """Logs `error` with its traceback and keeps it for the next barrier.
+    """Keeps `error` for the next barrier, and logs it with its traceback,
+    at ERROR level when the barrier is its only report (else at DEBUG).
 
     `delivered`: the error also fails the device computation that waits for
     the host function (a request answered with it, or a direct run that
@@ -48,8 +50,11 @@ class ErrorLog:
       logger.debug("A host function was interrupted: %r", error)
       return
     formatted = "".join(traceback.format_exception(error))
-    logger.error("Postponing exception raised in callback function: %s",
-                 formatted)
+    if delivered:  # the computation that waits fails with it
+      logger.debug("A host function raised: %s", formatted)
+    else:
+      logger.error("Postponing exception raised in callback function: %s",
+                   formatted)
     with self._lock:
       self._last = (error, formatted)
       if delivered:

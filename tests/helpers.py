@@ -3,10 +3,14 @@
 from __future__ import annotations
 
 import contextlib
+import fcntl
 import io
 import os
+import pty
+import struct
 import subprocess
 import sys
+import termios
 import textwrap
 import threading
 import time
@@ -213,3 +217,41 @@ def wait_until(condition: Callable[[], bool], timeout: float = 60.0) -> bool:
       return False
     time.sleep(0.01)
   return True
+
+
+def run_in_terminal(code: str, env: Optional[Dict[str, str]] = None,
+                    columns: int = 120, lines: int = 40) -> List[str]:
+  """Runs `code` as `run_python` does, but with stdout and stderr on a
+  pseudo-terminal of `columns` x `lines`; returns the screen a person sees
+  when it has ended (pyte plays the bytes), without the blank lines at its
+  end."""
+  import pyte  # pylint: disable=import-outside-toplevel  (a test extra)
+  child_env = dict(os.environ, JAX_PLATFORMS="cpu", TERM="xterm",
+                   COLUMNS=str(columns), LINES=str(lines))
+  child_env.pop("JAX_HOST_CALLBACK_OUTFEED", None)
+  child_env.update(env or {})
+  leader, follower = pty.openpty()
+  fcntl.ioctl(follower, termios.TIOCSWINSZ,
+              struct.pack("HHHH", lines, columns, 0, 0))
+  process = subprocess.Popen(  # pylint: disable=consider-using-with
+      [sys.executable, "-c", textwrap.dedent(code)], env=child_env,
+      stdin=subprocess.DEVNULL, stdout=follower, stderr=follower)
+  os.close(follower)
+  output = bytearray()
+  while True:
+    try:
+      data = os.read(leader, 65536)
+    except OSError:  # the child closed the terminal
+      break
+    if not data:
+      break
+    output += data
+  os.close(leader)
+  assert process.wait(timeout=SUBPROCESS_TIMEOUT) == 0, output.decode()
+  screen = pyte.Screen(columns, lines)
+  stream = pyte.Stream(screen)
+  stream.feed(output.decode())
+  shown = [line.rstrip() for line in screen.display]
+  while shown and not shown[-1]:
+    shown.pop()
+  return shown

@@ -4,6 +4,7 @@ Each import form runs in a fresh interpreter, since an import is only ever
 resolved once per process.
 """
 
+import os
 import subprocess
 import sys
 import textwrap
@@ -145,3 +146,46 @@ flavor_warnings = [w for w in caught if "callback_flavor" in str(w.message)]
 assert len(flavor_warnings) == 1, [str(w.message) for w in caught]
 assert "has no effect" in str(flavor_warnings[0].message)
 """)
+
+
+OLD_BARRIER_CODE = """
+import host_callback
+host_callback.install()
+from jax.experimental import host_callback as hcb
+
+try:
+  hcb.barrier_wait()
+except hcb.CallbackException as error:
+  print(error)
+"""
+
+
+@pytest.mark.parametrize("outfeed", ["0", "1"])
+def test_install_flags_code_that_expects_errors_at_the_barrier(tmp_path,
+                                                                outfeed):
+  """In the synchronous mode `install()` warns about the calling file's
+  `barrier_wait()` in a `try` that catches CallbackException, naming the
+  setting; in the outfeed mode it says nothing."""
+  script = tmp_path / "old_program.py"
+  script.write_text(OLD_BARRIER_CODE)
+  env = {**os.environ, "JAX_HOST_CALLBACK_OUTFEED": outfeed}
+  process = subprocess.run([sys.executable, str(script)], capture_output=True,
+                           text=True, timeout=120, check=False, env=env)
+  assert process.returncode == 0, process.stderr
+  if outfeed == "1":
+    assert process.stderr == ""
+    return
+  assert process.stderr.startswith(
+      f"{script}:3: UserWarning: {script}:7: barrier_wait() in a try that "
+      "catches CallbackException: this code expects tap errors at "
+      "barrier_wait(), as in the original's outfeed mode;"), process.stderr
+  assert "JAX_HOST_CALLBACK_OUTFEED=1" in process.stderr
+
+
+def test_install_says_nothing_about_other_code(tmp_path):
+  script = tmp_path / "program.py"
+  script.write_text(OLD_BARRIER_CODE.replace("hcb.CallbackException",
+                                             "ValueError"))
+  process = subprocess.run([sys.executable, str(script)], capture_output=True,
+                           text=True, timeout=120, check=False)
+  assert process.returncode == 0 and process.stderr == "", process.stderr

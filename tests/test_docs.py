@@ -236,3 +236,29 @@ def test_codemod_example(tmp_path):
       capture_output=True, text=True, timeout=PAGE_TIMEOUT_SECONDS)
   assert process.returncode == 0, process.stdout + process.stderr
   assert path.read_text() == _marked_text(text, "codemod-output")
+
+
+def test_readme_numbers_are_in_the_benchmark_summary():
+  """Every time and ratio the README states is a figure of the summary of
+  docs/benchmarks.md, which is generated from one run."""
+  readme = (ROOT / "README.md").read_text()
+  page = (DOCS / "benchmarks.md").read_text()
+  summary = page.split("\n## Summary\n", 1)[1].split("\n## ", 1)[0]
+  figure = r"(?<![\w.]){}(?!\w)"
+  stated = re.findall(figure.format(r"\d+(?:\.\d+)?(?:x| µs| ms)"), readme)
+  assert len(stated) >= 10, stated
+  assert [number for number in stated if not re.search(
+      figure.format(re.escape(number)), summary)] == []
+
+
+def test_benchmarks_page_is_the_writer_s():
+  """docs/benchmarks.md opens with the summary, then has a table per topic
+  with only the columns that have values."""
+  page = (DOCS / "benchmarks.md").read_text()
+  titles = re.findall(r"^## (.*)$", page, flags=re.M)
+  assert titles[0] == "Summary" and titles[-1] == "barrier_wait", titles
+  for table in re.findall(r"^\| scenario \|.*\n\|[-|]*\n((?:\|.*\n)+)", page,
+                          flags=re.M):
+    columns = zip(*[line.strip("|\n").split("|")
+                    for line in table.splitlines()])
+    assert all(any(cell.strip() for cell in column) for column in columns)

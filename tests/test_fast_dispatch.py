@@ -1,7 +1,9 @@
 """Our own ordering token: no JAX effect at the top level, AOT executables,
 barriers through the devices, and stop/restart races."""
 
+import logging
 import threading
+import time
 
 import jax
 import jax.numpy as jnp
@@ -202,12 +204,19 @@ def test_barrier_waits_for_a_running_computation_between_its_callbacks():
   thread.join()
 
 
-def test_barrier_gives_up_on_a_computation_that_a_foreign_op_stopped(caplog):
-  """A raising jax.pure_callback stops the execution before our last op:
-  the barrier warns once and returns, and later barriers do not wait."""
+@pytest.mark.parametrize("other_thread", [False, True])
+def test_barrier_gives_up_on_a_computation_that_a_foreign_op_stopped(
+    caplog, other_thread):
+  """A raising jax.pure_callback stops the execution before our last op.
+  Alone, the barrier sees at once that it failed (its probes show that
+  every computation this thread dispatched has finished) and says so at
+  INFO level; while another thread lives, which may be running one of its
+  own computations, it waits 2 s for progress, warns once and returns.
+  Later barriers do not wait."""
   needs_cpu_default_backend(
       "only computations on CPU count their executions, so elsewhere the "
       "barrier has none in flight to give up on")
+  caplog.set_level(logging.INFO, logger="host_callback")
   def fail(value):
     raise ValueError("the host failed")
 
@@ -216,14 +225,31 @@ def test_barrier_gives_up_on_a_computation_that_a_foreign_op_stopped(caplog):
     x = hcb.call(lambda v: v, x, result_shape=x)
     return jax.pure_callback(fail, jax.ShapeDtypeStruct(x.shape, x.dtype), x)
 
-  with pytest.raises(Exception, match="pure_callback"):
-    step(1.0).block_until_ready()
-  hcb.barrier_wait()
-  hcb.barrier_wait()
+  done = threading.Event()
+  other = threading.Thread(target=done.wait, name="a user thread")
+  if other_thread:
+    other.start()
+  try:
+    with pytest.raises(Exception, match="pure_callback"):
+      step(1.0).block_until_ready()
+    started = time.monotonic()
+    hcb.barrier_wait()
+    hcb.barrier_wait()
+    seconds = time.monotonic() - started
+  finally:
+    done.set()
   warnings = _stall_warnings(caplog)
-  if "native" in runtime.available_transports():  # executions are counted
-    assert len(warnings) == 1
+  noticed = [r.getMessage() for r in caplog.records
+             if "(their outputs hold the error)" in r.getMessage()]
+  if "native" not in runtime.available_transports():
+    return  # executions are not counted
+  if other_thread:
+    other.join()
+    assert len(warnings) == 1 and not noticed and seconds >= 2.0
     assert "1 computation(s) with taps or calls began" in warnings[0]
+  else:
+    assert not warnings and len(noticed) == 1 and seconds < 1.0
+    assert noticed[0].startswith("host_callback.barrier_wait: 1 computation")
 
 
 @pytest.mark.leaves_callback_error

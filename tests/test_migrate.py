@@ -390,3 +390,37 @@ def test_without_libcst_says_what_to_install(tree):
   process = run("-c", block + "import host_callback.migrate")
   assert process.stderr.endswith(
       f"ModuleNotFoundError: {migrate.MISSING_LIBCST}\n")
+
+
+def test_reports_code_that_expects_errors_at_the_barrier():
+  """A `barrier_wait()` in a `try` that catches CallbackException (or its
+  alias, alone or in a tuple, by any name) expects the outfeed mode: the
+  report names the setting. Other handlers are not reported."""
+  source = ("from jax.experimental import host_callback as hcb\n"
+            "from jax.experimental.host_callback import TapFunctionException\n"
+            "try:\n"
+            "  hcb.barrier_wait()\n"
+            "except hcb.CallbackException:\n"
+            "  pass\n"
+            "try:\n"
+            "  step()\n"
+            "  hcb.barrier_wait('epoch')\n"
+            "except (ValueError, TapFunctionException):\n"
+            "  pass\n"
+            "try:\n"
+            "  hcb.barrier_wait()\n"
+            "except Exception:\n"
+            "  pass\n")
+  reports = migrate.migrate_source(source).reports
+  assert [(report.line, report.message.split(":")[0]) for report in reports
+          ] == [(4, "barrier_wait() in a try that catches CallbackException"),
+                (9, "barrier_wait() in a try that catches "
+                 "TapFunctionException")]
+  assert all("set JAX_HOST_CALLBACK_OUTFEED=1 (or jax.config.update("
+             "'jax_host_callback_outfeed', True))" in report.message
+             for report in reports)
+  cell = migrate.migrate_cells(["import jax.experimental.host_callback as h\n"
+                                "%time x = 1\n"
+                                "try:\n  h.barrier_wait()\n"
+                                "except h.CallbackException:\n  pass\n"])[0]
+  assert [report.line for report in cell.reports] == [2, 4]

@@ -19,8 +19,9 @@ import tqdm.std
 
 import host_callback as hcb
 from host_callback.tqdm import PBar, loop_tqdm, scan_tqdm, while_tqdm
-from helpers import (barrier_report, cpu_devices, fails_when_synchronous,
-                     run_python, synchronous)
+from helpers import (OUTFEED, barrier_report, cpu_devices,
+                     fails_when_synchronous, run_in_terminal, run_python,
+                     synchronous)
 
 pytestmark = pytest.mark.usefixtures("both_modes")
 
@@ -259,7 +260,9 @@ def test_pmap_draws_a_bar_per_device_on_its_own_row(log):
                  devices=cpu_devices(4))(jnp.arange(4))
   hcb.barrier_wait()
   assert out.tolist() == [66, 67, 68, 69]
-  assert sorted(log.made(), key=lambda made: made[2]) == _device_descs(4, 12)
+  # Made in device order, whichever device began first: the first makes
+  # them all (a notebook shows its widgets in the order they were made).
+  assert log.made() == _device_descs(4, 12)
   for number in range(4):
     assert log.of(number) == updates(4, 12)
 
@@ -294,7 +297,7 @@ def test_shard_map_per_device_and_sharded_jit_one_bar(log):
                               out_specs=P("x")))(x)
   hcb.barrier_wait()
   assert out.tolist() == [float(v) + 6 for v in range(8)]
-  assert sorted(log.made(), key=lambda made: made[2]) == _device_descs(4, 6)
+  assert log.made()[:4] == _device_descs(4, 6)
   assert [log.of(k) for k in range(4)] == [updates(3, 6)] * 4
   jax.jit(run)(x)  # sharded jit: one program, one bar
   hcb.barrier_wait()
@@ -437,3 +440,163 @@ def test_jax_tqdm_prints_the_same_program_alike(both_modes):
               done.stderr.replace("\r", "\n").splitlines() if "100%" in line]
     outputs.append((done.stdout, finals))
   assert outputs[0] == outputs[1]
+
+
+PMAP_PROGRAM = """
+import jax, jax.numpy as jnp
+import host_callback as hcb
+from host_callback.tqdm import scan_tqdm
+
+@scan_tqdm(20_000, print_rate=10)
+def step(carry, i):
+  return carry + 1.0, None
+
+out = jax.pmap(lambda c: jax.lax.scan(step, c, jnp.arange(20_000))[0])(
+    jnp.zeros((4, 64, 64)))
+hcb.barrier_wait()
+print("RESULT", out.shape)
+"""
+PMAP_FINAL_ROW = (r"cpu:{k}: Running for 20,000 iterations: 100%\|█+\| "
+                  r"20000/20000 \[[^]]*it/s\]")
+
+
+def _mode_env(mode: str, transport: str) -> dict:
+  return {**(OUTFEED if mode == "outfeed" else {}),
+          "JAX_HOST_CALLBACK_TRANSPORT": transport}
+
+
+def test_pmap_bars_end_as_one_row_per_device_in_order(both_modes, transport):
+  """What a person sees in a terminal when the program has ended: one
+  final row per device, in device order, then the program's output."""
+  shown = run_in_terminal(PMAP_PROGRAM, _mode_env(both_modes, transport))
+  assert len(shown) == 5, shown
+  for k, line in enumerate(shown[:4]):
+    assert re.fullmatch(PMAP_FINAL_ROW.format(k=k), line), shown
+  assert shown[4] == "RESULT (4, 64, 64)"
+
+
+def test_pmap_bars_write_only_final_rows_to_a_log(both_modes, transport):
+  done = run_python(PMAP_PROGRAM, env=_mode_env(both_modes, transport))
+  assert done.returncode == 0, done.stderr
+  assert done.stdout == "RESULT (4, 64, 64)\n"
+  assert "\r" not in done.stderr
+  rows = done.stderr.splitlines()
+  assert len(rows) == 4, done.stderr
+  for k, row in enumerate(rows):
+    assert re.fullmatch(PMAP_FINAL_ROW.format(k=k), row), done.stderr
+
+
+def test_id_print_writes_above_an_open_bar(both_modes, transport):
+  shown = run_in_terminal("""
+      import jax, jax.numpy as jnp
+      import host_callback as hcb
+      from host_callback.tqdm import scan_tqdm
+
+      @scan_tqdm(30, print_rate=1, desc="loop")
+      def step(carry, i):
+        jax.lax.cond(i % 10 == 5, lambda: hcb.id_print(i, what="step"),
+                     lambda: i)
+        return carry, None
+
+      jax.jit(lambda: jax.lax.scan(step, 0, jnp.arange(30)))()
+      hcb.barrier_wait()
+      print("done")
+      """, _mode_env(both_modes, transport))
+  assert shown[:6] == ["what: step", "5", "what: step", "15", "what: step",
+                       "25"], shown
+  assert re.fullmatch(r"loop: 100%\|█+\| 30/30 \[.*\]", shown[6]), shown
+  assert shown[7:] == ["done"], shown
+
+
+def test_the_demo_reads_cleanly_in_a_terminal(both_modes, transport):
+  shown = run_in_terminal("import runpy; runpy.run_module('host_callback', "
+                          "run_name='__main__')",
+                          _mode_env(both_modes, transport))
+  assert shown[0].startswith("host_callback demo on cpu:0 ("), shown
+  assert shown[1:9] == [
+      "what: step, loss", "( 0 3.345239 )", "what: step, loss",
+      "( 50 0.00248758 )", "what: step, loss", "( 100 1.9993786e-06 )",
+      "what: step, loss", "( 150 1.6214651e-09 )"], shown
+  assert re.fullmatch(r"training: 100%\|█+\| 200/200 \[.*\]", shown[9])
+  assert shown[10].startswith("received 200 losses") and len(shown) == 12
+
+
+def test_a_loop_shorter_than_its_total_closes_at_the_barrier(log):
+  @scan_tqdm(1000, print_rate=10)
+  def step(carry, i):
+    return carry + 1, None
+
+  assert int(scan(step, 500)[0]) == 500
+  hcb.barrier_wait()
+  assert log.of(0) == [("update", 10)] * 49 + [("close",)]
+  assert log.bars[0].n == 490 and "ended early" in str(log.bars[0])
+
+
+def test_a_while_loop_that_ends_before_its_total_says_so(log):
+  loop = while_tqdm(total=200)
+  assert int(jax.jit(lambda: loop(lambda c: c < 150, lambda c: c + 1, 0))()
+             ) == 150
+  hcb.barrier_wait()
+  assert log.of(0)[-1] == ("close",) and log.bars[0].n == 150
+  assert "150/200" in str(log.bars[0])
+  assert "ended early" in str(log.bars[0])
+
+
+def test_bars_that_overrun_their_total_count_on(log):
+  loop = while_tqdm(total=100)
+  assert int(jax.jit(lambda: loop(lambda c: c < 150, lambda c: c + 1, 0))()
+             ) == 150
+
+  @scan_tqdm(50, print_rate=10)
+  def step(carry, i):
+    return carry + 1, None
+
+  assert int(scan(step, 80)[0]) == 80
+  hcb.barrier_wait()
+  assert log.bars[0].n == 150
+  assert re.search(r"150it .*past its total of 100", str(log.bars[0]))
+  # The scan's bar closes at its total; the steps past it, on a bar of
+  # their own, closed at the barrier.
+  assert log.made()[1:] == [(DESC.format(50), 50, 0),
+                            (DESC.format(50), None, 0)]
+  assert log.of(1) == updates(10, 50)
+  assert log.bars[2].n == 70 and log.of(2)[-1] == ("close",)
+  assert "past its total of 50" in str(log.bars[2])
+
+
+def test_per_device_bars_of_failed_runs_end_in_device_order(both_modes,
+                                                             transport):
+  """Each device's loop fails at step 3 (a call that raises; the bars
+  show step 2): each run's rows are written in device order, whichever
+  device ended first."""
+  done = run_python("""
+      import jax, jax.numpy as jnp
+      import host_callback as hcb
+      from host_callback.tqdm import scan_tqdm
+
+      def fails_at_3(i):
+        if i == 3:
+          raise ValueError("step 3")
+        return i
+
+      @scan_tqdm(10, print_rate=1)
+      def step(carry, i):
+        return carry + hcb.call(fails_at_3, i, result_shape=i), None
+
+      run = jax.pmap(lambda c: jax.lax.scan(step, c, jnp.arange(10))[0])
+      for _ in range(2):
+        try:
+          jax.block_until_ready(run(jnp.arange(4)))
+        except jax.errors.JaxRuntimeError:
+          pass
+      try:
+        hcb.barrier_wait()
+      except hcb.CallbackException:
+        pass
+      """, env=_mode_env(both_modes, transport))
+  assert done.returncode == 0, done.stderr
+  rows = [line for line in done.stderr.splitlines() if "iterations" in line]
+  assert [row.split(":")[:2] for row in rows] == [
+      ["cpu", str(k)] for k in range(4)] * 2, done.stderr
+  assert all(re.search(r"\| 2/10 \[.*ended early\]$", row) for row in rows), (
+      done.stderr)

@@ -1,7 +1,7 @@
 """Benchmarks of host_callback against JAX's own callbacks, in the same run.
 
     python -m tools.bench                 # print the table
-    python -m tools.bench --write docs    # also write docs/benchmarks.md (+ plot)
+    python -m tools.bench --write docs    # also write docs/benchmarks.md
     python -m tools.bench --quick         # smaller sizes, for a smoke test
     python -m tools.bench --only "MiB"    # only the rows whose name matches
 
@@ -440,20 +440,23 @@ def collect(quick: bool, repeat: int, only: str = "") -> List[Row]:
 
 
 def format_table(rows: List[Row]) -> str:
+  """A table of `rows` with the columns that have values, and the ratios
+  of each baseline to each of ours where a row has both."""
   names: List[str] = []
   for _, _, values in rows:
     names += [n for n in values if n not in names]
   ours = [n for n in names if n.startswith("hcb[")]
   theirs = [n for n in names if not n.startswith("hcb[")]
-  header = ["scenario", "unit", *names,
-            *[f"{t} / {o}" for o in ours for t in theirs]]
+  pairs = [(t, o) for o in ours for t in theirs
+           if any(t in values and o in values for _, _, values in rows)]
+  header = ["scenario", "unit", *names, *[f"{t} / {o}" for t, o in pairs]]
   lines = ["| " + " | ".join(header) + " |",
            "|" + "---|" * len(header)]
   for scenario, unit, values in rows:
     cells = [scenario, unit]
     cells += [f"{values[n]:.3g}" if n in values else "" for n in names]
     cells += [f"{values[t] / values[o]:.2f}x" if t in values and o in values
-              and values[o] > 0 else "" for o in ours for t in theirs]
+              and values[o] > 0 else "" for t, o in pairs]
     lines.append("| " + " | ".join(cells) + " |")
   return "\n".join(lines)
 
@@ -464,62 +467,158 @@ def machine() -> str:
           f"{jax.devices()[0].platform}")
 
 
-def _short_label(scenario: str) -> str:
-  """'tap f32 scalar, per step of ... (until ready)' -> two short lines."""
-  what = scenario.split(", per step")[0]
-  until = scenario.split("(")[-1].rstrip(")") if "(" in scenario else "round trip"
-  return f"{what}\n{until}"
+# --- The page --------------------------------------------------------------------
+
+# The summary, a row per question a user asks: (question, the scenario that
+# answers it, as a regular expression, JAX's alternatives, of which the
+# fastest in the row is shown, and a column that gives the scale, if any).
+SUMMARY: List[Tuple[str, str, Tuple[str, ...], Optional[str]]] = [
+    ("a tap in a jitted step (synchronous, the CPU default)",
+     r"jitted step with one tap, per call from a Python loop \(synchronous\)",
+     ("debug.callback", "io_callback"), "no callback"),
+    ("a tap in a jitted step (outfeed mode)",
+     r"jitted step with one tap, per call from a Python loop",
+     ("debug.callback", "io_callback"), "no callback"),
+    ("a tap in a scan, per step (synchronous)",
+     r"tap f32 scalar, per step of a \d+-step scan \(synchronous\)",
+     ("debug.callback", "io_callback"), None),
+    ("a tap in a scan, per step (outfeed mode, until the taps ran)",
+     r"tap f32 scalar, per step of a \d+-step scan \(until drained\)",
+     ("debug.callback", "io_callback"), None),
+    ("a call in a jitted step",
+     r"jitted step with one call x\+1, per call from a Python loop",
+     ("pure_callback", "io_callback"), "no callback"),
+    ("a call in a scan, per step", r"call x\+1, per step of a \d+-step scan",
+     ("pure_callback", "io_callback"), None),
+    ("a large array to the host: a 256 MiB tap (outfeed mode)",
+     r"large tap of 256 MiB \S+, until the host function ran",
+     ("io_callback",), "jit(x+1)"),
+    ("a large array to the host without a copy: a 256 MiB tap "
+     "(synchronous, copy=False)",
+     r"large tap of 256 MiB \S+, until the host function ran "
+     r"\(synchronous, copy=False\)", ("io_callback",), "jit(x+1)"),
+    ("a large array to the host and back: a 256 MiB call",
+     r"large call round trip of 256 MiB \S+, identity",
+     ("pure_callback", "io_callback"), "jit(x+1)"),
+    ("each device's shard to the host: a 256 MiB tap sharded over 4 "
+     "devices (partitioned=True)", r"sharded tap of 256 MiB .*",
+     ("debug.callback(partitioned)",), "hcb gathered"),
+    ("the barrier, with nothing to wait for (1 device)",
+     r"idle barrier_wait, 1 device, 0 live arrays \(synchronous.*\)",
+     ("effects_barrier",), None),
+    ("a barrier after every ~1 ms step",
+     r"\d+-step loop of a ~1 ms jitted step .*\(native, synchronous\)",
+     ("block_until_ready",), "no barrier"),
+    ("a progress bar, per update (print_rate=1, synchronous)",
+     r"progress bar update, .*print_rate=1 \(synchronous\)", ("jax-tqdm",),
+     None),
+    ("a scan with a progress bar at the default rate (synchronous)",
+     r"\d+-step scan of a 16x16 matmul with a progress bar at the default "
+     r"rate \(synchronous\)", ("jax-tqdm",), "no bar"),
+]
+
+# The detail tables, by topic: (title, scenarios as a regular expression,
+# what to know to read them).
+TOPICS: List[Tuple[str, str, str]] = [
+    ("Taps in a jitted step", r"jitted step with one tap.*",
+     "A jitted step (a 16x16 matmul and a sum) with one tap of the sum, "
+     "called 2000 times from a Python loop, until its taps ran; `no "
+     "callback` is the same step without the tap."),
+    ("Taps in a scan", r"tap f32.*per step.*",
+     "\"until ready\": until the scan's output is ready; \"until "
+     "drained\": until every tap function ran."),
+    ("Calls", r"(jitted step with one call|call ).*", ""),
+    ("Large arrays", r"(tap of \d+ MiB|large |size sweep).*",
+     "`jit(x+1)` is one pass over the same array: the yardstick for a tap "
+     "(one copy) and a call. The taps return one element of the array, "
+     "not the array, so that XLA copies nothing for the output."),
+    ("Sharded values", r"sharded tap.*",
+     "A tap with `partitioned=True` (each device sends its own shard) "
+     "beside the same tap gathered to one device (`hcb gathered`, the "
+     "default) and `jax.debug.callback(partitioned=True)`; the taps return "
+     "the first element of each row, so that nothing is gathered for the "
+     "output."),
+    ("Slow host functions", r"\d+ taps with a 1 ms consumer.*", ""),
+    ("Progress bars", r".*progress bar.*",
+     "`host_callback.tqdm.scan_tqdm` against jax-tqdm 0.4's (no column "
+     "where jax-tqdm was not installed) and the same scan without a bar."),
+]
+
+BARRIER_INTRO = (
+    "An idle barrier (nothing pending) at several numbers of live arrays, "
+    "beside `jax.effects_barrier()` (which waits for JAX's own effects "
+    "only), and a training loop with a barrier every step against the "
+    "same loop without it (ratio above 0.98: within 2%) and with "
+    "`block_until_ready` of each step's output instead, the least any wait "
+    "for a step's tap costs; the three loops take turns every 100 steps, "
+    "so that the machine's drift reaches all of them, and each figure is "
+    "the median of those stretches. On a 2-core VM these ratios still move "
+    "by 0.05 from run to run. Why the loop rows stay above 2% there: see "
+    "\"What the counters cost and cover\" in `docs/architecture.md`.")
 
 
-def _bars(ax, selected: List[Row], labels: List[str], unit: str) -> None:
-  names: List[str] = []
-  for _, _, values in selected:
-    names += [n for n in values if n not in names]
-  width = 0.8 / len(names)
-  for i, name in enumerate(names):
-    ax.bar([j + i * width for j in range(len(selected))],
-           [r[2].get(name, 0) for r in selected], width, label=name)
-  ax.set_xticks([j + 0.4 - width / 2 for j in range(len(selected))])
-  ax.set_xticklabels(labels, fontsize=7)
-  ax.set_yscale("log")
-  ax.set_ylabel(f"{unit} (log scale)")
-  ax.legend(fontsize=7, ncol=min(len(names), 4), loc="upper center",
-            bbox_to_anchor=(0.5, -0.2))
+def _ratio(value: float) -> str:
+  """A ratio to 2 significant figures or so: 230x, 18x, 8.1x, 0.31x."""
+  if value >= 10:
+    return f"{value:.0f}x"
+  return f"{value:.1f}x" if value >= 1 else f"{value:.2f}x"
 
 
-def _large_label(scenario: str) -> str:
-  """'large tap of 32 MiB f32[..], until ... (synchronous)' -> short lines."""
-  words = scenario.split()
-  what = " ".join(words[1:words.index("MiB") + 1])
-  return (what + ("\nsynchronous" if "synchronous" in scenario else "")
-          + ("\ncopy=False" if "copy=False" in scenario else ""))
+def _ours(values: Dict[str, float]) -> Optional[str]:
+  """Our column: the native transport's, else the Python one's."""
+  return next((n for n in ("hcb[native]", "hcb[python]") if n in values),
+              None)
 
 
-def plot(rows: List[Row], path: str) -> Optional[str]:
-  """Bar charts (log scale), if matplotlib is there: the per-step rows, and
-  the large-array rows against their yardstick `jit(x+1)`."""
-  try:
-    import matplotlib
-    matplotlib.use("Agg")
-    import matplotlib.pyplot as plt
-  except ImportError:
-    return None
-  panels = [
-      ([r for r in rows if r[1] == "µs" and "per step" in r[0]],
-       _short_label, "µs per scan step"),
-      ([r for r in rows if r[0].startswith("large ")], _large_label,
-       "ms per tap or call"),
-  ]
-  panels = [panel for panel in panels if panel[0]]
-  if not panels:
-    return None
-  fig, axes = plt.subplots(len(panels), 1,
-                           figsize=(10, 4.5 * len(panels)), squeeze=False)
-  for ax, (selected, label, unit) in zip(axes[:, 0], panels):
-    _bars(ax, selected, [label(r[0]) for r in selected], unit)
-  fig.tight_layout()
-  fig.savefig(path)
-  return path
+def summary_table(rows: List[Row]) -> str:
+  """The summary: a row per question of SUMMARY that `rows` answer."""
+  lines = ["| question | host_callback | best JAX alternative | "
+           "alternative / host_callback | for scale |",
+           "|---|---|---|---|---|"]
+  for question, pattern, alternatives, scale in SUMMARY:
+    row = next((r for r in rows if re.fullmatch(pattern, r[0])), None)
+    ours = None if row is None else _ours(row[2])
+    if row is None or ours is None:
+      continue
+    _, unit, values = row
+    mine = f"{values[ours]:.3g} {unit}" + (
+        "" if ours == "hcb[native]" else " (python transport)")
+    present = [a for a in alternatives if a in values]
+    best = min(present, key=values.__getitem__) if present else None
+    theirs = (f"`{best}` {values[best]:.3g} {unit}" if best else
+              f"none measured ({', '.join(alternatives)} not installed)")
+    ratio = _ratio(values[best] / values[ours]) if best else ""
+    scaled = (f"{scale}: {values[scale]:.3g} {unit}"
+              if scale and scale in values else "")
+    lines.append(f"| {question} | {mine} | {theirs} | {ratio} | {scaled} |")
+  return "\n".join(lines)
+
+
+def page(rows: List[Row], barrier_rows: List[Row], machine_line: str) -> str:
+  """docs/benchmarks.md: the summary, then the detail tables by topic."""
+  parts = [
+      "# Benchmarks\n\nGenerated from one run of `python -m tools.bench "
+      f"--write docs` on {machine_line}. Rows run in the outfeed mode "
+      "unless they say \"synchronous\" (the CPU default); times are "
+      "medians. Ratios are the alternative's time / host_callback's: above "
+      "1, host_callback is faster.\n\n## Summary\n\nOne row per question, "
+      "host_callback on its native transport beside the fastest of JAX's "
+      "own callbacks that does the same; the detail tables below have "
+      "both transports and every alternative.\n\n"
+      + summary_table(rows + barrier_rows)]
+  left = list(rows)
+  for title, pattern, note in TOPICS:
+    chosen = [r for r in left if re.fullmatch(pattern, r[0])]
+    left = [r for r in left if r not in chosen]
+    if chosen:
+      parts.append(f"## {title}\n\n" + (note + "\n\n" if note else "")
+                   + format_table(chosen))
+  if left:
+    parts.append("## Other\n\n" + format_table(left))
+  if barrier_rows:
+    parts.append("## barrier_wait\n\n" + BARRIER_INTRO + "\n\n"
+                 + format_table(barrier_rows))
+  return "\n\n".join(parts) + "\n"
 
 
 def main() -> None:
@@ -530,7 +629,7 @@ def main() -> None:
   parser.add_argument("--only", default="", metavar="REGEX",
                       help="run only the rows whose scenario matches")
   parser.add_argument("--write", metavar="DOCS_DIR",
-                      help="also write DOCS_DIR/benchmarks.md and a plot")
+                      help="also write DOCS_DIR/benchmarks.md")
   options = parser.parse_args()
   barrier_rows = collect_barrier(options.quick, options.repeat, options.only)
   rows = collect(options.quick, options.repeat, options.only)
@@ -540,24 +639,8 @@ def main() -> None:
   print("\n\n".join(t for t, r in ((table, rows), (barrier_table, barrier_rows))
                     if r))
   if options.write:
-    image = plot(rows, os.path.join(options.write, "benchmarks.png"))
     with open(os.path.join(options.write, "benchmarks.md"), "w") as out:
-      out.write("# Benchmarks\n\nGenerated by `python -m tools.bench --write "
-                f"docs` on {machine()}.\n\nRatios are baseline time / "
-                "host_callback time: above 1, host_callback is faster.\n\n")
-      out.write(table + "\n")
-      if image:
-        out.write("\n![Per-step cost](benchmarks.png)\n")
-      out.write("\n## barrier_wait\n\nAn idle barrier (nothing pending) "
-                "at several numbers of live arrays, beside "
-                "`jax.effects_barrier()`, and a training loop with a barrier "
-                "every step against the same loop without it (ratio above "
-                "0.98: within 2%) and with `block_until_ready` of each "
-                "step's output instead, the least any wait for a step's tap "
-                "costs; the three loops take turns, so that the machine's "
-                "drift reaches all of them. On a 2-core VM these ratios move "
-                "by 0.1 from run to run.\n\n" + barrier_table + "\n")
-
+      out.write(page(rows, barrier_rows, machine()))
 
 if __name__ == "__main__":
   main()

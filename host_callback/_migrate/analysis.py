@@ -8,6 +8,7 @@ from typing import Optional
 import libcst as cst
 from libcst.metadata import MetadataWrapper, PositionProvider, ScopeProvider
 
+from . import barrier_errors
 from .common import (_MODULE_PATH_STRING, _SETTING, ID_TAP_KEYWORDS,
                      LEGACY_MODULE, NEW_MODULE, PUBLIC_NAMES, SETTING_HINTS,
                      SETTING_HINT_DEFAULT, SUPPORTED_SETTINGS, Report,
@@ -164,6 +165,13 @@ def chain_reports(analyzer: Analyzer, binds_host_callback: bool
   return [Report(line, f"`{LEGACY_MODULE}` is used here but not imported as "
                  "such; import host_callback and use it instead")
           for line in analyzer.chain_lines]
+
+
+def barrier_reports(code: str) -> list[Report]:
+  """Reports each `barrier_wait()` in a `try` that catches
+  `CallbackException`: code that expects the outfeed mode."""
+  return [Report(line, barrier_errors.message(caught))
+          for line, caught in barrier_errors.barrier_catches(code)]
 
 
 def setting_reports(code: str) -> list[Report]:

@@ -9,7 +9,7 @@ from typing import Optional, Sequence, Union
 
 import libcst as cst
 
-from .analysis import setting_reports
+from .analysis import barrier_reports, setting_reports
 from .common import Migration, Report
 from .rewriting import migrate_modules, sorted_reports
 
@@ -77,9 +77,11 @@ def _cell_migration(source: str, masked: set[int],
                                              "unchanged"), *settings]))
   ipython = [Report(index + 1, "IPython syntax (magic, shell escape or help) "
                     "left unchanged: check it by hand") for index in masked]
-  code = _unmasked(migration.code, source.splitlines(keepends=True))
+  lines = source.splitlines(keepends=True)
+  barriers = barrier_reports(_masked(lines, masked))
+  code = _unmasked(migration.code, lines)
   return Migration(code, sorted_reports([*ipython, *migration.reports,
-                                         *settings]))
+                                         *settings, *barriers]))
 
 
 def migrate_cells(sources: Sequence[str]) -> list[Migration]:

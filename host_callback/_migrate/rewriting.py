@@ -8,8 +8,8 @@ from typing import Iterable, Sequence, Union
 import libcst as cst
 from libcst.metadata import MetadataWrapper
 
-from .analysis import (Analyzer, Namespace, chain_reports, setting_reports,
-                       uses_name)
+from .analysis import (Analyzer, Namespace, barrier_reports, chain_reports,
+                       setting_reports, uses_name)
 from .common import (LEGACY_MODULE, NEW_MODULE, Migration, Report,
                      dotted_name)
 
@@ -158,4 +158,5 @@ def migrate_source(code: str) -> Migration:
   """Migrates the text of a Python file; raises cst.ParserSyntaxError."""
   [migration] = migrate_modules([code])
   return Migration(migration.code,
-                   sorted_reports([*migration.reports, *setting_reports(code)]))
+                   sorted_reports([*migration.reports, *setting_reports(code),
+                                   *barrier_reports(code)]))
