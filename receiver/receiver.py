@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import collections
 import threading
+import time
 from typing import Deque, Dict, List, Mapping, Tuple
 
 from .errors import ErrorLog
@@ -180,20 +181,23 @@ class Receiver:
             for name, transport in self.transports.items()
             for device_id in transport.device_ids()}
 
-  def stop(self, timeout: float = 60.0) -> None:
-    """Drains every queue, then stops and joins the consumer threads.
+  def stop(self, timeout: float = 60.0, drain: bool = True) -> None:
+    """Drains every queue (unless not `drain`), then stops the consumer
+    threads and joins them for at most `timeout` seconds in all.
 
     Packets sent after the drain stay queued for the next receiver.
     """
-    self.wait_processed()
+    if drain:
+      self.wait_processed()
     self._stopped.set()
     for transport in self.transports.values():
       transport.wake_all()
     with self._lock:
       threads: List[threading.Thread] = list(self._threads.values())
+    deadline = time.monotonic() + timeout
     for thread in threads:
       if thread is not threading.current_thread():
-        thread.join(timeout)
+        thread.join(max(0.0, deadline - time.monotonic()))
 
   def detach(self) -> bool:
     """Hands the queues back; True if packets are left for the next receiver."""

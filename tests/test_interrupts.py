@@ -2,9 +2,16 @@
 stopped, and reaches only the thread that waits on it (each case in a fresh
 interpreter, so that a stray interrupt cannot hit the test run)."""
 
+import os
+import signal
+import subprocess
+import sys
+import time
+
 import pytest
 
 from helpers import CTRL_C_INTERRUPTED, CTRL_C_OUTCOME, OUTFEED, run_python
+from host_callback import runtime
 
 
 def test_interrupt_in_a_worker_threads_tap_stays_in_that_thread(transport):
@@ -157,3 +164,75 @@ except hcb.CallbackException as error:
 """, env=OUTFEED, transport=transport)
   assert done.stdout.splitlines() == ["barrier raised: KeyboardInterrupt"], (
       done.stdout, done.stderr)
+
+
+# For run_python code: a computation whose host function (a tap or a call,
+# `BLOCKED`) blocks for ever, on one device (DEVICES 1: jit) or on each of
+# four (pmap); the program then ends, and its drain at exit waits for it.
+# A tap of the outfeed mode is dispatched by the main thread, which goes
+# on; otherwise by a worker thread, which the host function blocks (a pmap
+# goes on in both cases: it runs on the client's threads).
+_BLOCKED_AT_EXIT = """
+import atexit, threading, jax, jax.numpy as jnp, host_callback as hcb
+
+started = threading.Semaphore(0)
+def block(x, *rest):
+  started.release()
+  threading.Event().wait()
+  return x
+
+if BLOCKED == "tap":
+  op = lambda v: hcb.id_tap(block, v)
+else:
+  op = lambda v: hcb.call(block, v, result_shape=v)
+if DEVICES == 1:
+  step, x = jax.jit(op), jnp.arange(3.0)
+else:
+  step, x = jax.pmap(op), jnp.zeros((DEVICES, 3))
+if (BLOCKED == "tap" and OUTFEED) or DEVICES > 1:
+  step(x)
+else:
+  threading.Thread(target=step, args=(x,), daemon=True).start()
+for _ in range(DEVICES):
+  assert started.acquire(timeout=60)
+atexit.register(print, "exiting", flush=True)  # runs right before the drain
+"""
+
+
+@pytest.mark.parametrize("blocked", ["tap", "call"])
+@pytest.mark.parametrize("devices", [1, 4])
+@pytest.mark.parametrize("mode", ["synchronous", "outfeed"])
+def test_ctrl_c_ends_the_drain_at_exit(transport, mode, devices, blocked):
+  """Issue 42 item 1: a host function blocked for ever at exit; one Ctrl-C
+  during the drain ends it, says what it left, and the process exits (it
+  ignored Ctrl-C: the stop after the interrupted barrier waited again, and
+  the barrier's probe over several devices waited in C++)."""
+  code = (f"BLOCKED, DEVICES, OUTFEED = {blocked!r}, {devices}, "
+          f"{mode == 'outfeed'}\n" + _BLOCKED_AT_EXIT)
+  env = dict(os.environ, JAX_PLATFORMS="cpu",
+             JAX_HOST_CALLBACK_TRANSPORT=transport,
+             JAX_HOST_CALLBACK_OUTFEED="1" if mode == "outfeed" else "0",
+             XLA_FLAGS=f"--xla_force_host_platform_device_count={devices}")
+  child = subprocess.Popen([sys.executable, "-c", code], env=env, text=True,
+                           stdout=subprocess.PIPE, stderr=subprocess.PIPE)
+  try:
+    assert child.stdout.readline() == "exiting\n"
+    time.sleep(0.5)  # in the drain
+    child.send_signal(signal.SIGINT)
+    stdout, stderr = child.communicate(timeout=10)
+  finally:
+    child.kill()
+  assert child.returncode == 0, stderr
+  if mode == "outfeed" and blocked == "tap":  # a receiver thread runs them
+    queued = ", ".join(f"1 tap or call on device {d} ({transport} transport)"
+                       for d in range(devices))
+    running = 0
+  else:  # the devices run them
+    queued, running = "nothing queued", devices
+  if not runtime.native_available():
+    running = 0  # counted with the native library only
+  assert stderr.splitlines()[-1] == (
+      f"host_callback: Ctrl-C ended the drain at exit; left undelivered: "
+      f"{queued}; device executions still running: {running}"), stderr
+  assert stdout == ""
+
