@@ -15,6 +15,7 @@ import numpy as np
 
 from .blocking import BlockingCalls
 from .errors import ErrorLog
+from .interrupts import ctrl_c
 from .receiver import Receiver, consumer_thread, consumer_threads
 from .packets import DirectRunError, device_error
 from .registry import Consumer, ConsumerRegistry
@@ -147,7 +148,8 @@ class Runtime:
       return self.registry.get(consumer_id)(arrays, device_id)
     except BaseException as error:  # pylint: disable=broad-except
       self.errors.record(error, delivered=True)  # the device fails with it
-      raise DirectRunError(error, self.registry.context(consumer_id)) from error
+      raise DirectRunError(error, self.registry.context(consumer_id),
+                           interrupted=ctrl_c(error)) from error
     finally:
       consumer_threads.active = previous
 
