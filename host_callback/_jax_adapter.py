@@ -394,6 +394,13 @@ def forget_failed_runtime_tokens(is_ours: Callable[[BaseException], bool],
       del tokens[device]
 
 
+def forget_runtime_tokens() -> None:
+  """Drops the calling thread's runtime tokens (see
+  `forget_failed_runtime_tokens`), so that JAX's exit handlers do not wait
+  for their computations, in C++ where Ctrl-C cannot reach them."""
+  _dispatch.runtime_tokens.output_runtime_tokens.clear()
+
+
 def execute_without_arguments(executable: Any) -> Any:
   """Dispatches a compiled computation that takes no arguments, as a jitted
   call would (on the calling thread's execution stream); returns jaxlib's

@@ -14,6 +14,7 @@ import jax
 import numpy as np
 
 from . import failures
+from .receiver import interrupts
 
 # A transformation entry as stored in primitive params (hashable):
 # (name, ((param_name, value), ...)).
@@ -322,7 +323,9 @@ def make_consumer(function: HostFunction, transforms: Transforms,
       result = func(argument(arrays), **device_kwargs(device_id, arrays))
     except BaseException as error:
       failures.notify(device_id, is_call=True)
-      if not isinstance(error, Exception):
+      # A KeyboardInterrupt of its own is its error too; Ctrl-C is not.
+      if (not isinstance(error, (Exception, KeyboardInterrupt)) or
+          interrupts.ctrl_c(error)):
         raise
       raise CallError(
           f"host_callback.call: {function.name} raised "

@@ -44,7 +44,7 @@ def _failing_the_execution(host_side: Callable, on_failure: Any) -> Callable:
     except BaseException as error:
       if on_failure is not None:
         on_failure()
-      if interrupts.stopped_main_thread(error):
+      if interrupts.ctrl_c(error):
         raise interrupts.rearming_interrupt(error)  # pylint: disable=raise-missing-from
       raise
   return run

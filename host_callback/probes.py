@@ -38,6 +38,7 @@ import jax.numpy as jnp
 import numpy as np
 
 from . import _jax_adapter as adapter
+from . import runtime
 from .devices import local_devices_by_number
 
 _multi_device_lowered = threading.Event()
@@ -93,14 +94,13 @@ def _probe_across_two_cpus() -> Optional[Any]:
 
 
 @functools.lru_cache(maxsize=None)
-def _probes(device_numbers: FrozenSet[int], readable: bool,
-            across_devices: bool) -> Tuple[Tuple[Any, ...], bool]:
-  """The probes that `dispatch` dispatches, and whether they cover every
-  device; `across_devices` adds the one over two CPU devices."""
+def _probes(device_numbers: FrozenSet[int], readable: bool
+            ) -> Tuple[Tuple[Any, ...], bool]:
+  """The probes on these devices that `dispatch` dispatches, and whether
+  they cover every device."""
   on_devices = [_probe_on(number, readable)
                 for number in sorted(device_numbers)]
-  across = _probe_across_two_cpus() if across_devices else None
-  chosen = [probe for probe in on_devices + [across] if probe is not None]
+  chosen = [probe for probe in on_devices if probe is not None]
   return tuple(chosen), None not in on_devices
 
 
@@ -113,9 +113,16 @@ def dispatch(device_numbers: FrozenSet[int], readable: bool = False
   whether that covers every device given (False when one is not a CPU:
   elsewhere computations are asynchronous, and nothing runs inline).
   `readable` probes output arrays (see `cpu_finished`)."""
-  chosen, covered = _probes(device_numbers, readable,
-                            _multi_device_lowered.is_set())
-  return [adapter.execute_without_arguments(probe) for probe in chosen], covered
+  chosen, covered = _probes(device_numbers, readable)
+  dispatched = [adapter.execute_without_arguments(probe) for probe in chosen]
+  across = (_probe_across_two_cpus() if _multi_device_lowered.is_set()
+            else None)
+  if across is not None:
+    # Its dispatch waits for the launch of the computation over several
+    # devices before it (client-wide, so any thread may dispatch it).
+    dispatched.append(runtime.blocking(
+        lambda: adapter.execute_without_arguments(across)))
+  return dispatched, covered
 
 
 def cpu_finished(device_numbers: FrozenSet[int]) -> bool:
@@ -134,4 +141,5 @@ def wait_for(dispatched: Sequence[Any]) -> None:
   finished (the client waits for those with their errors cleared, so a
   probe does not fail)."""
   for results in dispatched:
-    results.consume_token().block_until_ready()
+    token = results.consume_token()
+    runtime.blocking(token.block_until_ready)

@@ -6,10 +6,11 @@ import atexit
 import dataclasses
 import functools
 import itertools
+import sys
 import threading
 import weakref
 from typing import (Any, Callable, Dict, FrozenSet, List, Optional, Sequence,
-                    Set, Tuple, Union)
+                    Set, Tuple, TypeVar, Union)
 
 import jax
 import numpy as np
@@ -21,6 +22,8 @@ from .host_functions import CallError, HostFunction, Transforms, make_consumer
 from .receiver import (Consumer, PythonTransport, QueueStats, Runtime,
                        Transport)
 from .receiver import transport_native
+
+T = TypeVar("T")
 
 
 def native_available() -> bool:
@@ -318,19 +321,53 @@ def set_exit_barrier(barrier_wait: Callable[[str], None]) -> None:
   _exit_barrier[:] = [barrier_wait]
 
 
+class _Exit:
+  """Whether the drain at exit runs (set once, by the main thread)."""
+  draining = False
+
+
+def blocking(call: Callable[[], T]) -> T:
+  """`call()`, which may block in C++: while the drain at exit runs, made
+  on a thread of its own, so that Ctrl-C ends the wait for it."""
+  if not _Exit.draining:
+    return call()
+  return _runtime.blocking_calls.run(call)
+
+
 def _drain_at_exit() -> None:
   """Drains the queues. As the original's did, the barrier raises an error
   that no barrier raised yet, and Python prints it ("Exception ignored in
-  atexit callback")."""
+  atexit callback"). Ctrl-C ends the drain: what was left is written to
+  stderr, and nothing more is waited for."""
   try:
     _runtime.check_usable()
   except RuntimeError:
     return  # a forked child: nothing of ours to drain
+  _Exit.draining, interrupted = True, False
   try:
     for barrier_wait in _exit_barrier:
       barrier_wait("at_exit")
+  except KeyboardInterrupt:
+    interrupted = True
+    sys.stderr.write(_left_undelivered())
+    # JAX's exit handlers would wait for them, where Ctrl-C cannot reach.
+    adapter.forget_runtime_tokens()
   finally:
-    _runtime.shut_down()
+    _runtime.shut_down(drain=not interrupted)
+
+
+def _left_undelivered() -> str:
+  """What an interrupted drain at exit says it left: the taps and calls not
+  run (or still running) by queue, and the executions of our computations
+  still running, one per device (counted with the native library only)."""
+  queued = ", ".join(
+      f"{count} {'tap or call' if count == 1 else 'taps or calls'} on "
+      f"device {device_id} ({name} transport)"
+      for (name, device_id), count in _runtime.undelivered().items())
+  running = native_library.executions()[1] if native_available() else 0
+  return (f"host_callback: Ctrl-C ended the drain at exit; left undelivered: "
+          f"{queued or 'nothing queued'}; device executions still running: "
+          f"{running}\n")
 
 
 _runtime = Runtime(_make_transports, settings.queue_bytes,

@@ -46,7 +46,7 @@ class ErrorLog:
     kept: it reaches that thread, which waits, as a KeyboardInterrupt (see
     `interrupts`), and is no host function's failure.
     """
-    if delivered and interrupts.stopped_main_thread(error):
+    if delivered and interrupts.ctrl_c(error):
       logger.debug("A host function was interrupted: %r", error)
       return
     formatted = "".join(traceback.format_exception(error))

@@ -1,27 +1,34 @@
 """Ctrl-C that stopped a host function, handed on to the thread that waits.
 
-A KeyboardInterrupt raised on Python's main thread while a device waits for
-the host (in a host function run there, or in the wait for a `call`'s reply)
-fails that computation. Python has consumed the signal by then, so whoever
-catches the failure would not see a KeyboardInterrupt: the native transport
-re-arms Ctrl-C from C++ once the Python code of the callback has returned
+Ctrl-C (a SIGINT, raised as KeyboardInterrupt on Python's main thread) that
+lands while a device waits for the host (in a host function run there, or
+in the wait for a `call`'s reply) fails that computation. A
+KeyboardInterrupt that a host function raises itself is its error, as any
+exception (`ctrl_c` tells them apart).
+
+Python has consumed the signal by then, so whoever catches the failure
+would not see a KeyboardInterrupt: the native transport re-arms Ctrl-C from
+C++ once the Python code of the callback has returned
 (`native/interrupts.h:Interrupts::RearmOnMainThread`). The Python
-transport's callbacks are called by JAX, which turns any exception into its own runtime error; re-arming from
-Python inside the callback would fire at once, in JAX's frame, and be turned
-too. So the exception that leaves the callback carries a guard that re-arms
-Ctrl-C when it is freed, which happens in JAX's C++ after it has read the
-exception: Python then raises KeyboardInterrupt again in the main thread's
-next line of Python code, the caller's.
+transport's callbacks are called by JAX, which turns any exception into its
+own runtime error; re-arming from Python inside the callback would fire at
+once, in JAX's frame, and be turned too. So the exception that leaves the
+callback carries a guard that re-arms Ctrl-C when it is freed, which
+happens in JAX's C++ after it has read the exception: Python then raises
+KeyboardInterrupt again in the main thread's next line of Python code, the
+caller's.
 """
 
 from __future__ import annotations
 
 import _thread
+import dis
 import signal
 import threading
 import weakref
 
 _SIGINT = int(signal.SIGINT)
+_RAISE_VARARGS = dis.opmap["RAISE_VARARGS"]
 
 
 class _RearmWhenFreed(weakref.ref):
@@ -47,13 +54,30 @@ class _InterruptGuard:
     self._rearm = _RearmWhenFreed(self, _thread.interrupt_main)
 
 
-def stopped_main_thread(error: BaseException) -> bool:
-  """Whether `error`, raised on this thread, is a KeyboardInterrupt (or a
-  host function's failure caused by one) on Python's main thread, where
-  Ctrl-C lands."""
-  return ((isinstance(error, KeyboardInterrupt) or
-           isinstance(error.__cause__, KeyboardInterrupt)) and
-          threading.current_thread() is threading.main_thread())
+def _raised_by_a_statement(error: BaseException) -> bool:
+  """Whether `error` was raised by a `raise` statement. Python raises the
+  KeyboardInterrupt of a SIGINT at whatever instruction of the main thread
+  next checks for signals (a call, a loop's jump; or in C, with no
+  traceback), never at a `raise`; a re-raised one keeps its first place."""
+  traceback = error.__traceback__
+  if traceback is None:
+    return False
+  while traceback.tb_next is not None:
+    traceback = traceback.tb_next
+  code = traceback.tb_frame.f_code.co_code
+  return code[traceback.tb_lasti] == _RAISE_VARARGS
+
+
+def ctrl_c(error: BaseException) -> bool:
+  """Whether `error`, raised on this thread, is (or is a host function's
+  failure caused by) a KeyboardInterrupt of Ctrl-C: a SIGINT, which lands
+  on Python's main thread. A KeyboardInterrupt that a host function raises
+  itself is its error, as any exception."""
+  interrupt = (error if isinstance(error, KeyboardInterrupt)
+               else error.__cause__)
+  return (isinstance(interrupt, KeyboardInterrupt) and
+          threading.current_thread() is threading.main_thread() and
+          not _raised_by_a_statement(interrupt))
 
 
 def rearming_interrupt(error: BaseException) -> KeyboardInterrupt:

@@ -46,12 +46,16 @@ def device_error(error: BaseException, context: str) -> BaseException:
 
 
 class DirectRunError(Exception):
-  """A host function run on the device thread raised; the message is what
-  the device fails with."""
+  """A host function run on the device thread raised `cause`; the message
+  is what the device fails with. `error`, which the native device thread
+  reads, is `cause` when Ctrl-C stopped it (`interrupts.ctrl_c`; the
+  thread then re-arms Ctrl-C for the main thread), else None."""
 
-  def __init__(self, error: BaseException, context: str) -> None:
-    super().__init__(error_message(error, context))
-    self.error = error
+  def __init__(self, cause: BaseException, context: str,
+               interrupted: bool) -> None:
+    super().__init__(error_message(cause, context))
+    self.cause = cause
+    self.error = cause if interrupted else None
     self.context = context
 
 

@@ -4,10 +4,11 @@ from __future__ import annotations
 
 import collections
 import threading
+import time
 from typing import Deque, Dict, List, Mapping, Tuple
 
 from .errors import ErrorLog
-from .interrupts import stopped_main_thread
+from .interrupts import ctrl_c
 from .packets import POLL_SECONDS, Packet
 from .registry import ConsumerRegistry
 from .transport import QueueStats, Transport
@@ -159,7 +160,7 @@ class Receiver:
       if packet.reply is not None:
         packet.reply.set_result(result if result is not None else ())
     except BaseException as error:  # pylint: disable=broad-except
-      interrupted = raise_interrupt and stopped_main_thread(error)
+      interrupted = raise_interrupt and ctrl_c(error)
       waiting = packet.reply is not None and not packet.reply.done
       if not interrupted:
         self._errors.record(error, delivered=packet.reply is not None)
@@ -180,20 +181,23 @@ class Receiver:
             for name, transport in self.transports.items()
             for device_id in transport.device_ids()}
 
-  def stop(self, timeout: float = 60.0) -> None:
-    """Drains every queue, then stops and joins the consumer threads.
+  def stop(self, timeout: float = 60.0, drain: bool = True) -> None:
+    """Drains every queue (unless not `drain`), then stops the consumer
+    threads and joins them for at most `timeout` seconds in all.
 
     Packets sent after the drain stay queued for the next receiver.
     """
-    self.wait_processed()
+    if drain:
+      self.wait_processed()
     self._stopped.set()
     for transport in self.transports.values():
       transport.wake_all()
     with self._lock:
       threads: List[threading.Thread] = list(self._threads.values())
+    deadline = time.monotonic() + timeout
     for thread in threads:
       if thread is not threading.current_thread():
-        thread.join(timeout)
+        thread.join(max(0.0, deadline - time.monotonic()))
 
   def detach(self) -> bool:
     """Hands the queues back; True if packets are left for the next receiver."""

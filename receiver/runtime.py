@@ -13,7 +13,9 @@ from typing import (Callable, Deque, Dict, FrozenSet, List, Mapping, Optional,
 
 import numpy as np
 
+from .blocking import BlockingCalls
 from .errors import ErrorLog
+from .interrupts import ctrl_c
 from .receiver import Receiver, consumer_thread, consumer_threads
 from .packets import DirectRunError, device_error
 from .registry import Consumer, ConsumerRegistry
@@ -66,6 +68,8 @@ class Runtime:
     self._receiver: Optional[Receiver] = None
     self._at_exit = at_exit
     self._at_exit_registered = False
+    # For the drain at exit; started with its registration.
+    self.blocking_calls = BlockingCalls()
     self._forked_while_running = False
     os.register_at_fork(after_in_child=self._after_fork_in_child)
 
@@ -132,6 +136,7 @@ class Runtime:
     if not self._at_exit_registered:
       atexit.register(self._at_exit)
       self._at_exit_registered = True
+      self.blocking_calls.start()
 
   def run_direct(self, consumer_id: int, device_id: int,
                  arrays: List[np.ndarray]) -> Optional[Sequence[np.ndarray]]:
@@ -143,7 +148,8 @@ class Runtime:
       return self.registry.get(consumer_id)(arrays, device_id)
     except BaseException as error:  # pylint: disable=broad-except
       self.errors.record(error, delivered=True)  # the device fails with it
-      raise DirectRunError(error, self.registry.context(consumer_id)) from error
+      raise DirectRunError(error, self.registry.context(consumer_id),
+                           interrupted=ctrl_c(error)) from error
     finally:
       consumer_threads.active = previous
 
@@ -265,17 +271,29 @@ class Runtime:
       if pending:
         self.receiver()
 
-  def shut_down(self) -> None:
-    """At exit: stops for good; a device that sends from now on fails."""
+  def shut_down(self, drain: bool = True) -> None:
+    """At exit: stops for good; a device that sends from now on fails.
+    Without `drain` (the drain was interrupted), waits for no host
+    function: a thread that runs one is left to end with the process."""
     if self._transports is not None:
       for transport in self._transports.values():
         transport.clear_restart_hook()
     with self._stop_lock:
       receiver, self._receiver = self._receiver, None
       if receiver is not None:
-        receiver.stop()
+        # Undrained, its idle threads still end (in POLL_SECONDS), before
+        # the interpreter, which would end them inside the native module.
+        receiver.stop(timeout=60.0 if drain else 1.0, drain=drain)
         _log_stopped(receiver)
         receiver.detach()
+
+  def undelivered(self) -> Dict[_QueueKey, int]:
+    """The packets not yet consumed (or still being consumed), by queue,
+    where there are any."""
+    transports = self._transports or {}
+    waiting = {key: transports[key[0]].stats(key[1]).packets_waiting
+               for key in sorted(tuple(self._opened)) if key[0] in transports}
+    return {key: count for key, count in waiting.items() if count}
 
 
 def _log_stopped(receiver: Receiver) -> None:

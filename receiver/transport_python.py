@@ -119,7 +119,7 @@ class PythonTransport:
       result = run(consumer_id, device_id, _owned(arrays, read_only))
     except DirectRunError as failure:
       # Chained as a reply's error is (device_error sets any __cause__).
-      raise device_error(failure.error, failure.context)  # pylint: disable=raise-missing-from
+      raise device_error(failure.cause, failure.context)  # pylint: disable=raise-missing-from
     return result if result is not None else ()
 
   def _put(self, device_id: int, site: int, arrays: Sequence[np.ndarray],

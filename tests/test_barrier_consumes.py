@@ -5,6 +5,7 @@ no hand-off. What must hold: each device's order, nothing taken while a
 receiver thread holds packets, Ctrl-C, and the queue's own rules
 (`PacketQueue`)."""
 
+import signal
 import threading
 
 import jax
@@ -85,7 +86,9 @@ def test_ctrl_c_in_a_tap_the_barrier_runs_reaches_the_barriers_caller():
 
   def tap(value, transforms):
     if threading.current_thread() is threading.main_thread():
-      raise KeyboardInterrupt  # what Ctrl-C raises on the main thread
+      # Ctrl-C: Python raises it in the tap, as raise_signal returns. (A
+      # `raise KeyboardInterrupt` would be the tap's own error.)
+      signal.raise_signal(signal.SIGINT)
 
   step = jax.jit(lambda x: hcb.id_tap(tap, x))
   for i in range(_ATTEMPTS):
