@@ -397,7 +397,8 @@ def forget_failed_runtime_tokens(is_ours: Callable[[BaseException], bool],
 def forget_runtime_tokens() -> None:
   """Drops the calling thread's runtime tokens (see
   `forget_failed_runtime_tokens`), so that JAX's exit handlers do not wait
-  for their computations, in C++ where Ctrl-C cannot reach them."""
+  for their computations, in C++ where Ctrl-C cannot reach them. Checked
+  against jax 0.10.2 and 0.12.0.1."""
   _dispatch.runtime_tokens.output_runtime_tokens.clear()
 
 
@@ -616,7 +617,8 @@ __all__ = [
     "emit_python_callback", "replicate_results", "abstract_token",
     "device_count", "sharded_devices", "set_token_op_sharding",
     "set_per_device_sharding", "run_to_completion_at_dispatch",
-    "forget_failed_runtime_tokens", "execute_without_arguments",
+    "forget_failed_runtime_tokens", "forget_runtime_tokens",
+    "execute_without_arguments",
     "outside_the_program_mesh", "keep_alive_with_executable",
     "thread_token", "install_while_lowering", "install_scan_hoisting_guard",
     "install_top_level_rewrite", "scope_eqn", "lower_scope_body",

@@ -21,7 +21,7 @@ from .devices import device_by_number, device_number
 from .host_functions import CallError, HostFunction, Transforms, make_consumer
 from .receiver import (Consumer, PythonTransport, QueueStats, Runtime,
                        Transport)
-from .receiver import transport_native
+from .receiver import native_library, transport_native
 
 T = TypeVar("T")
 
