@@ -13,7 +13,7 @@ from typing import Any, Callable, Dict, Optional, TextIO, Tuple
 import jax
 import numpy as np
 
-from . import barrier, primitive, runtime
+from . import barrier, primitive, host_side
 from .devices import most_devices
 from .host_functions import HostFunction, interned
 from .printing import Printer
@@ -444,4 +444,4 @@ def queue_statistics() -> Dict[Tuple[str, jax.Device], QueueStats]:
   consumed), `high_water_bytes` (the most bytes ever waiting) and
   `max_bytes` (the bound). An extension: the original had no such function.
   """
-  return runtime.queue_statistics()
+  return host_side.queue_statistics()

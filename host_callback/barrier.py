@@ -31,7 +31,7 @@ from typing import Any, Callable, Dict, List, Optional, Tuple
 import jax
 
 from . import _jax_adapter as adapter
-from . import executions, primitive, probes, runtime, settings
+from . import executions, primitive, probes, host_side, settings
 from .devices import device_number, local_devices_by_number, zero_on
 from .host_functions import HostFunction
 from .receiver import in_consumer_thread
@@ -185,7 +185,7 @@ class _InFlight:
         others = _others_may_dispatch()
         if not others or now - last_change >= _STALLED_SECONDS:
           # Only computations on CPU count their executions.
-          if not probes.cpu_finished(runtime.open_device_numbers()):
+          if not probes.cpu_finished(host_side.open_device_numbers()):
             last_change = now  # a long computation, still running
           else:
             self._give_up(in_flight, now - last_change, others)
@@ -229,7 +229,7 @@ def _others_may_dispatch() -> bool:
 def _queue_activity() -> Tuple[int, int]:
   """Packets sent ever and waiting now, on all queues."""
   sent = waiting = 0
-  for transport in runtime.transports().values():
+  for transport in host_side.transports().values():
     for device_id in transport.device_ids():
       sent += transport.packets_sent(device_id)
       waiting += transport.stats(device_id).packets_waiting
@@ -260,7 +260,7 @@ def _marker_round() -> bool:
   _round.ran_here = ran_here = set()
   targets: Dict[_Key, int] = {}
   sent_before: Dict[_Key, int] = {}
-  transports = runtime.transports()
+  transports = host_side.transports()
   begun_before = executions.counts()[0]
   for name, transport in transports.items():
     device_ids = [d for d in transport.device_ids() if d in local]
@@ -297,7 +297,7 @@ def _wait_for_devices() -> None:
   computations began that the markers did not account for, quiet rounds
   for _SETTLE_SECONDS are needed, since stragglers may still follow.
   """
-  dispatched, covered = probes.dispatch(runtime.open_device_numbers())
+  dispatched, covered = probes.dispatch(host_side.open_device_numbers())
   # With a device that is not a CPU, the CPU probes still cover what a
   # marker on a CPU device cannot see: a computation over several devices
   # whose inputs were not ready.
@@ -309,10 +309,10 @@ def _wait_for_devices() -> None:
     for _ in range(_MAX_ROUNDS):
       if not _in_flight.none():
         break
-      if runtime.queues_drained():
+      if host_side.queues_drained():
         return
-      if not runtime.consume_waiting_here(_CONSUMED_HERE):
-        runtime.wait_released()
+      if not host_side.consume_waiting_here(_CONSUMED_HERE):
+        host_side.wait_released()
   busy, quiet_since = False, None
   for _ in range(_MAX_ROUNDS):
     started = time.monotonic()
@@ -325,7 +325,7 @@ def _wait_for_devices() -> None:
     quiet_since = started if quiet_since is None else quiet_since
     if time.monotonic() - quiet_since >= _SETTLE_SECONDS:
       break
-  runtime.wait_released()
+  host_side.wait_released()
 
 
 def _check_not_in_consumer(api: str) -> None:
@@ -338,22 +338,22 @@ def _check_not_in_consumer(api: str) -> None:
 def barrier_wait(logging_name: Optional[str] = None) -> None:
   """See `host_callback.barrier_wait`."""
   _check_not_in_consumer("barrier_wait")
-  runtime.check_usable()
+  host_side.check_usable()
   logger.debug("barrier_wait[%s]: start", logging_name)
   _wait_for_devices()
-  runtime.release_retired()
+  host_side.release_retired()
   _waited()
   logger.debug("barrier_wait[%s]: done", logging_name)
-  runtime.raise_recorded_error()
+  host_side.raise_recorded_error()
 
 
 def stop_outfeed_receiver() -> None:
   """See `host_callback.stop_outfeed_receiver`."""
   _check_not_in_consumer("stop_outfeed_receiver")
-  runtime.check_usable()
+  host_side.check_usable()
   _wait_for_devices()
   _waited()
-  runtime.stop_receiver()
+  host_side.stop_receiver()
 
 
-runtime.set_exit_barrier(barrier_wait)  # the drain at interpreter exit
+host_side.set_exit_barrier(barrier_wait)  # the drain at interpreter exit

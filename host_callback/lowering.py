@@ -23,8 +23,8 @@ import jax
 import numpy as np
 
 from . import _jax_adapter as adapter
-from . import (lowering_native, lowering_python, native_handlers, partitioned,
-               runtime, settings)
+from . import (host_side, lowering_native, lowering_python, native_handlers,
+               partitioned, settings)
 from .devices import device_number
 from .host_functions import HostFunction, Transforms
 from .lowering_kinds import Kind
@@ -90,13 +90,13 @@ def lower(ctx: Any, *operands: Any, bind: Callable[..., List[Any]],
     return results if function.is_call else list(operands)
 
   place = adapter.execution_place(ctx, device_index)
-  producer = runtime.transport(name)
+  producer = host_side.transport(name)
   _open_devices(producer, place.mesh_devices if place.fixed_device is None
                 else [place.fixed_device])
   if not synchronous:
-    runtime.start_receiver()
+    host_side.start_receiver()
   arg_avals, result_avals = physical_avals(ctx, num_args, function)
-  site = runtime.register_site(
+  site = host_side.register_site(
       producer, function, transforms,
       [_wire_dtype(a.dtype) for a in arg_avals], [a.shape for a in arg_avals])
   adapter.keep_alive_with_executable(ctx, function)
@@ -114,7 +114,7 @@ def _open_devices(producer: Any, devices: Sequence[Any]) -> None:
   process = jax.process_index()
   for device in devices:
     if device.process_index == process:
-      runtime.open_device(producer, device_number(device))
+      host_side.open_device(producer, device_number(device))
 
 
 def _lower_gathered(ctx: Any, *operands: Any, bind: Callable[..., List[Any]],

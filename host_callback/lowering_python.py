@@ -10,7 +10,7 @@ import jax.numpy as jnp
 import numpy as np
 
 from . import _jax_adapter as adapter
-from . import executions, runtime
+from . import executions, host_side
 from ._jax_adapter import hlo, mlir
 from .devices import device_number, numbers
 from .lowering_kinds import Kind
@@ -34,13 +34,13 @@ def _device_id_source(place: adapter.ExecutionPlace
           lambda arrays: (int(device_ids[int(arrays[0])]), arrays[1:]))
 
 
-def _failing_the_execution(host_side: Callable, on_failure: Any) -> Callable:
-  """`host_side`, which when it raises (so stops the execution) first calls
+def _failing_the_execution(on_host: Callable, on_failure: Any) -> Callable:
+  """`on_host`, which when it raises (so stops the execution) first calls
   `on_failure` (see `executions.failed`); Ctrl-C that stopped it reaches
   the thread that waits for the execution (see `receiver.interrupts`)."""
   def run(*arrays):
     try:
-      return host_side(*arrays)
+      return on_host(*arrays)
     except BaseException as error:
       if on_failure is not None:
         on_failure()
@@ -91,7 +91,7 @@ def emit(ctx: Any, place: adapter.ExecutionPlace, kind: Kind,
   """A Python callback that sends `operands` on the device; a CALL returns
   the host's reply, a TAP_SYNC returns once the host function ran."""
   extra, extra_avals, decode = _device_id_source(place)
-  transport = runtime.transport("python")
+  transport = host_side.transport("python")
   sent_avals, returned_avals = operand_avals, result_avals
   received, answer = decode, tuple
   if widens_subbyte(ctx.module_context.platforms):
@@ -108,23 +108,23 @@ def emit(ctx: Any, place: adapter.ExecutionPlace, kind: Kind,
       return tuple(_as_dtypes(results, returned_dtypes))
 
   if kind is Kind.TAP:
-    def host_side(*arrays):
+    def on_host(*arrays):
       device_id, values = received(arrays)
       transport.send(device_id, site, values)
       return ()
   elif kind is Kind.CALL:
-    def host_side(*arrays):
+    def on_host(*arrays):
       device_id, values = received(arrays)
       return answer(transport.request(device_id, site, values))
   else:
-    def host_side(*arrays):
+    def on_host(*arrays):
       device_id, values = received(arrays)
       transport.request(device_id, site, values)
       return ()
 
-  host_side = _failing_the_execution(host_side, executions.failed(ctx))
+  on_host = _failing_the_execution(on_host, executions.failed(ctx))
   results = adapter.emit_python_callback(
-      ctx, host_side, [*extra, *operands], [*extra_avals, *sent_avals],
+      ctx, on_host, [*extra, *operands], [*extra_avals, *sent_avals],
       returned_avals, adapter.op_sharding(ctx, place, returned_avals))
   results = _converted(ctx, results, returned_avals, result_avals)
   return adapter.replicate_results(ctx, results, result_avals)

@@ -18,7 +18,7 @@ from jax.extend.core import Primitive
 
 from . import _jax_adapter as adapter
 # ordering: the token that keeps the op in order, set up when imported.
-from . import lowering, ordering, runtime, settings  # noqa: F401
+from . import eager, lowering, ordering, settings  # noqa: F401
 from ._jax_adapter import ad, batching, mlir
 from .host_functions import HostFunction, Transforms
 
@@ -26,7 +26,7 @@ host_callback_p = Primitive("host_callback")
 host_callback_p.multiple_results = True
 adapter.require_devices_during_lowering(host_callback_p)
 # A HostFunction in a param must not outlive the jaxprs and executables that
-# use it (see runtime.register) because a JAX cache keyed on params holds it.
+# use it (see host_side.register) because a JAX cache keyed on params holds it.
 adapter.hold_weakly_in_jax_caches(HostFunction)
 
 
@@ -43,10 +43,10 @@ def _impl(*operands, function: HostFunction, num_args: int, device_index: int,
   """Eager use (no jit) compiles nothing per host function. In the
   synchronous mode, with its arguments on one idle device, the host function
   runs once they are ready, on the calling thread, as a direct request
-  would (`runtime.run_eager`). Otherwise it goes through the receiver as
+  would (`eager.run_eager`). Otherwise it goes through the receiver as
   jitted taps do, in the device's order, by an op compiled once per
   signature (`_eager_op`), the host function travelling as a ticket
-  (`runtime.eager_ticket`); a partitioned one on an array split over
+  (`eager.eager_ticket`); a partitioned one on an array split over
   devices is compiled as JAX compiles a primitive, with the array's
   sharding, so that each device sends its shard. With the inline setting,
   it runs in the caller."""
@@ -54,30 +54,30 @@ def _impl(*operands, function: HostFunction, num_args: int, device_index: int,
     arrays = [jax.numpy.asarray(x) for x in operands[:num_args]]
     device = next(iter(arrays[0].devices())) if arrays else jax.devices()[0]
     host_arrays = [_host_array(a) for a in arrays]
-    result = runtime.run_inline(function, transforms, host_arrays, device)
+    result = eager.run_inline(function, transforms, host_arrays, device)
     if not function.is_call:
       return list(operands)
     return [jax.numpy.asarray(r) for r in result]
-  if runtime.is_eager_function(function) or (  # `_eager_op` under disable_jit
+  if eager.is_eager_function(function) or (  # `_eager_op` under disable_jit
       function.partitioned and _split(operands)):  # sent shard by shard
     return adapter.apply_primitive(
         host_callback_p, *operands, function=function, num_args=num_args,
         device_index=device_index, transforms=transforms)
   device = _synchronous_device(operands[:num_args], device_index)
   if device is not None:
-    result = runtime.run_eager(function, transforms,
+    result = eager.run_eager(function, transforms,
                                [_host_array(x) for x in operands[:num_args]],
                                device)
     if result is not NotImplemented:
       if not function.is_call:
         return list(operands)
       return [jax.device_put(r, device) for r in result]
-  ticket = runtime.eager_ticket(function, transforms)
+  ticket = eager.eager_ticket(function, transforms)
   try:
     out = _eager_op(num_args, device_index, function.is_call,
                     function.result_avals)(ticket, *operands)
   except BaseException:
-    runtime.drop_ticket(ticket)
+    eager.drop_ticket(ticket)
     raise
   return list(out) if function.is_call else list(out[1:])
 
@@ -88,7 +88,7 @@ def _eager_op(num_args: int, device_index: int, is_call: bool,
   """The jitted op of eager taps or calls with this signature (JAX compiles
   it once per operand types and placement); it sends its first operand, the
   ticket, before the operands."""
-  function = runtime.eager_function(is_call, result_avals)
+  function = eager.eager_function(is_call, result_avals)
   return jax.jit(lambda ticket, *operands: bind(
       [ticket, *operands], function=function, num_args=num_args + 1,
       device_index=device_index))

@@ -38,7 +38,7 @@ import jax.numpy as jnp
 import numpy as np
 
 from . import _jax_adapter as adapter
-from . import runtime
+from . import host_side
 from .devices import local_devices_by_number
 
 _multi_device_lowered = threading.Event()
@@ -120,7 +120,7 @@ def dispatch(device_numbers: FrozenSet[int], readable: bool = False
   if across is not None:
     # Its dispatch waits for the launch of the computation over several
     # devices before it (client-wide, so any thread may dispatch it).
-    dispatched.append(runtime.blocking(
+    dispatched.append(host_side.blocking(
         lambda: adapter.execute_without_arguments(across)))
   return dispatched, covered
 
@@ -142,4 +142,4 @@ def wait_for(dispatched: Sequence[Any]) -> None:
   probe does not fail)."""
   for results in dispatched:
     token = results.consume_token()
-    runtime.blocking(token.block_until_ready)
+    host_side.blocking(token.block_until_ready)

@@ -6,9 +6,9 @@ Installed as `host_callback.receiver`.
 from .errors import CallbackException, ErrorLog
 from .packets import Packet, ReceiverStopped, Reply
 from .queues import PacketQueue
-from .receiver import Receiver, in_consumer_thread
+from .consumer_threads import Receiver, in_consumer_thread
 from .registry import Consumer, ConsumerRegistry
-from .runtime import Runtime
+from .lifecycle import Runtime
 from .transport import Producer, QueueStats, Transport
 from .transport_python import PythonTransport
 

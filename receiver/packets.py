@@ -61,7 +61,7 @@ class DirectRunError(Exception):
 
 # Runs a request's host function on the calling device thread:
 # `run(consumer_id, device_id, arrays)` returns its results (None for none)
-# or raises `DirectRunError` (receiver/runtime.py:Runtime.run_direct).
+# or raises `DirectRunError` (receiver/lifecycle.py:Runtime.run_direct).
 DirectRun = Callable[[int, int, List[np.ndarray]], Optional[Sequence[np.ndarray]]]
 
 

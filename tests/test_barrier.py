@@ -11,7 +11,7 @@ import numpy as np
 import pytest
 
 import host_callback as hcb
-from host_callback import barrier, executions, probes, runtime
+from host_callback import barrier, executions, probes, host_side
 from host_callback.devices import zero_on
 from helpers import Recorder, cpu_devices
 
@@ -34,7 +34,7 @@ def _busy_input(device):
 def _sent_and_begun():
   """Packets ever sent, per queue, and our executions ever begun."""
   sent = {(name, device_id): queues.packets_sent(device_id)
-          for name, queues in runtime.transports().items()
+          for name, queues in host_side.transports().items()
           for device_id in queues.device_ids()}
   return sent, executions.counts()[0]
 

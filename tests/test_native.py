@@ -19,7 +19,7 @@ import pytest
 from jax.sharding import NamedSharding, PartitionSpec as P
 
 import host_callback as hcb
-from host_callback import runtime, settings
+from host_callback import host_side, settings
 from host_callback.receiver import native_library
 from helpers import (barrier_report, cpu_devices, needs_cpu_default_backend,
                      wait_until)
@@ -33,7 +33,7 @@ def native_only(transport):
 
 
 def _native_transport():
-  return runtime.transport("native")
+  return host_side.transport("native")
 
 
 def _run_in_thread(computation):
@@ -67,7 +67,7 @@ def test_native_is_built_and_chosen_on_cpu(transport):
     return
   assert native_library.available()
   jax.config.update("jax_host_callback_transport", "auto")
-  assert settings.transport_name(runtime.native_available()) == "native"
+  assert settings.transport_name(host_side.native_available()) == "native"
 
 
 def test_native_is_a_python_extension_module():

@@ -15,7 +15,7 @@ import numpy as np
 import pytest
 
 import host_callback as hcb
-from host_callback import runtime
+from host_callback import host_side
 from host_callback.receiver import native_sites
 
 from helpers import (CTRL_C_INTERRUPTED, CTRL_C_OUTCOME, OUTFEED,
@@ -107,7 +107,7 @@ def _newest_site() -> int:
 
 
 def test_unregistered_site_fails_its_device(native_only, outfeed_mode):
-  native = runtime.transport("native")
+  native = host_side.transport("native")
   taps = []
   f = jax.jit(lambda x: hcb.id_tap(lambda v, tr: taps.append(int(v)), x))
   f(1)
@@ -122,7 +122,7 @@ def test_unregistered_site_fails_its_device(native_only, outfeed_mode):
 
 def test_packets_queued_for_a_freed_site_are_dropped(native_only, outfeed_mode,
                                                      caplog):
-  native = runtime.transport("native")
+  native = host_side.transport("native")
   release = threading.Event()
   taps = []
 

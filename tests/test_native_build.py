@@ -66,7 +66,7 @@ _REFUSED = """
 
     jax.ffi.register_ffi_target = refuse  # as a jaxlib too old for the build
     import host_callback as hcb
-    from host_callback import runtime
+    from host_callback import host_side
 
     seen = []
     with warnings.catch_warnings(record=True) as caught:
@@ -78,8 +78,8 @@ _REFUSED = """
           return hcb.call(lambda v: v + 1, x, result_shape=x)
         out = step(jnp.arange(3.0))
       hcb.barrier_wait()
-    print(out.tolist(), seen, runtime.native_available(),
-          sorted(runtime.transports()))
+    print(out.tolist(), seen, host_side.native_available(),
+          sorted(host_side.transports()))
     for warning in caught:
       print(warning.category.__name__, warning.message)
     """

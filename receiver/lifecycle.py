@@ -16,7 +16,7 @@ import numpy as np
 from .blocking import BlockingCalls
 from .errors import ErrorLog
 from .interrupts import ctrl_c
-from .receiver import Receiver, consumer_thread, consumer_threads
+from .consumer_threads import Receiver, consumer_thread, consumer_threads
 from .packets import DirectRunError, device_error
 from .registry import Consumer, ConsumerRegistry
 from .transport import Transport

@@ -1,0 +1,117 @@
+"""Eager use of the primitive (no jit): the host function run now on the
+calling thread (the synchronous mode, `run_eager`), in the caller
+(`run_inline`), or by one compiled op per signature through the receiver,
+the host function travelling as a ticket (`eager_ticket`). The primitive's
+`impl` (primitive.py) chooses among them.
+"""
+
+from __future__ import annotations
+
+import functools
+import itertools
+import threading
+from typing import Any, Dict, Optional, Sequence, Tuple
+
+import jax
+import numpy as np
+
+from . import host_side
+from .devices import device_by_number, device_number
+from .host_functions import CallError, HostFunction, Transforms, make_consumer
+from .receiver import Consumer
+
+
+# --- Eager ops: one compiled op per signature, the host function chosen at
+# run time. The op's host function is `_dispatch`; each execution
+# sends, before the operands, a ticket that names the consumer to run. The
+# ticket holds the consumer (so the host function) until it has run. -------
+
+_tickets: Dict[int, Tuple[Consumer, str]] = {}
+_ticket_numbers = itertools.count()
+_TICKET_MASK = 0x7FFFFFFF  # tickets travel as int32 scalars
+_failed = threading.local()  # the context of the last consumer that raised
+
+
+def _dispatch(arrays: Sequence[np.ndarray], device_id: int
+              ) -> Optional[Sequence[np.ndarray]]:
+  """The consumer of eager ops: runs the one that the ticket names."""
+  consumer, context = _tickets.pop(int(arrays[0]))
+  try:
+    return consumer(arrays[1:], device_id)
+  except BaseException:
+    _failed.context = context  # read by the registry right after, here
+    raise
+
+
+def _dispatch_context() -> str:
+  return getattr(_failed, "context", "")
+
+
+# The dispatcher is a consumer already, and names its error context itself
+# (see host_side.register).
+_dispatch.consumer_context = _dispatch_context  # type: ignore[attr-defined]
+
+
+@functools.lru_cache(maxsize=None)
+def eager_function(is_call: bool, result_avals: Tuple[Any, ...]
+                   ) -> HostFunction:
+  """The host function of the eager ops with this signature."""
+  return HostFunction(_dispatch, None, with_device=False, is_call=is_call,
+                      result_avals=result_avals)
+
+
+def is_eager_function(function: HostFunction) -> bool:
+  return function.func is _dispatch
+
+
+def eager_ticket(function: HostFunction, transforms: Transforms) -> int:
+  """A ticket for an eager op to run `function` under `transforms` with."""
+  ticket = next(_ticket_numbers) & _TICKET_MASK
+  _tickets[ticket] = (make_consumer(function, transforms, device_by_number),
+                      host_side.context_of(function))
+  return ticket
+
+
+def run_eager(function: HostFunction, transforms: Transforms,
+              arrays: Sequence[np.ndarray], device: Any) -> Any:
+  """Runs `function` now, on the calling thread, if `device` has no packet
+  waiting (else returns NotImplemented): the synchronous mode's eager taps
+  and calls, whose arguments are ready. As a request run on the device
+  thread: an error is recorded for barrier_wait and raised as the device's
+  error."""
+  number = device_number(device)
+  if not host_side.runtime.idle(number):
+    return NotImplemented  # the eager op queues behind those packets
+  consumer = make_consumer(function, transforms, device_by_number)
+  try:
+    return host_side.runtime.run_here(consumer, host_side.context_of(function), number,
+                             list(arrays))
+  except Exception as error:  # pylint: disable=broad-except
+    # What the compiled op's caller gets: JAX's error for a failed
+    # computation, with the device's message, chained to the cause.
+    raised = jax.errors.JaxRuntimeError(f"INTERNAL: {error}")
+    raise raised from (error.__cause__ or error)
+
+
+def drop_ticket(ticket: int) -> None:
+  """Forgets a ticket whose op failed before its host function ran."""
+  _tickets.pop(ticket, None)
+
+
+def run_inline(function: HostFunction, transforms: Transforms,
+               arrays: Sequence[np.ndarray], device: Any) -> Any:
+  """Runs a host function in the caller's thread (inline mode).
+
+  As in the original, what the host function raises reaches the caller as
+  itself (a `call`'s context is added as a note), and not `barrier_wait`.
+  """
+  consumer = host_side.runtime.registry.get(host_side.register(function, transforms))
+  try:
+    return consumer(arrays, device_number(device))
+  except CallError as error:
+    if error.__cause__ is None:  # a result that does not match result_shape
+      raise
+    error.__cause__.add_note(str(error))
+    raise error.__cause__ from None
+
+
