@@ -185,7 +185,7 @@ class _InFlight:
         others = _others_may_dispatch()
         if not others or now - last_change >= _STALLED_SECONDS:
           # Only computations on CPU count their executions.
-          if not probes.cpu_finished(host_side.open_device_numbers()):
+          if not probes.cpu_finished(host_side.runtime.open_device_ids()):
             last_change = now  # a long computation, still running
           else:
             self._give_up(in_flight, now - last_change, others)
@@ -229,7 +229,7 @@ def _others_may_dispatch() -> bool:
 def _queue_activity() -> Tuple[int, int]:
   """Packets sent ever and waiting now, on all queues."""
   sent = waiting = 0
-  for transport in host_side.transports().values():
+  for transport in host_side.runtime.transports().values():
     for device_id in transport.device_ids():
       sent += transport.packets_sent(device_id)
       waiting += transport.stats(device_id).packets_waiting
@@ -260,7 +260,7 @@ def _marker_round() -> bool:
   _round.ran_here = ran_here = set()
   targets: Dict[_Key, int] = {}
   sent_before: Dict[_Key, int] = {}
-  transports = host_side.transports()
+  transports = host_side.runtime.transports()
   begun_before = executions.counts()[0]
   for name, transport in transports.items():
     device_ids = [d for d in transport.device_ids() if d in local]
@@ -297,7 +297,7 @@ def _wait_for_devices() -> None:
   computations began that the markers did not account for, quiet rounds
   for _SETTLE_SECONDS are needed, since stragglers may still follow.
   """
-  dispatched, covered = probes.dispatch(host_side.open_device_numbers())
+  dispatched, covered = probes.dispatch(host_side.runtime.open_device_ids())
   # With a device that is not a CPU, the CPU probes still cover what a
   # marker on a CPU device cannot see: a computation over several devices
   # whose inputs were not ready.
@@ -311,7 +311,7 @@ def _wait_for_devices() -> None:
         break
       if host_side.queues_drained():
         return
-      if not host_side.consume_waiting_here(_CONSUMED_HERE):
+      if not host_side.runtime.consume_here(_CONSUMED_HERE):
         host_side.wait_released()
   busy, quiet_since = False, None
   for _ in range(_MAX_ROUNDS):
@@ -338,10 +338,10 @@ def _check_not_in_consumer(api: str) -> None:
 def barrier_wait(logging_name: Optional[str] = None) -> None:
   """See `host_callback.barrier_wait`."""
   _check_not_in_consumer("barrier_wait")
-  host_side.check_usable()
+  host_side.runtime.check_usable()
   logger.debug("barrier_wait[%s]: start", logging_name)
   _wait_for_devices()
-  host_side.release_retired()
+  host_side.runtime.release_retired()
   _waited()
   logger.debug("barrier_wait[%s]: done", logging_name)
   host_side.raise_recorded_error()
@@ -350,10 +350,10 @@ def barrier_wait(logging_name: Optional[str] = None) -> None:
 def stop_outfeed_receiver() -> None:
   """See `host_callback.stop_outfeed_receiver`."""
   _check_not_in_consumer("stop_outfeed_receiver")
-  host_side.check_usable()
+  host_side.runtime.check_usable()
   _wait_for_devices()
   _waited()
-  host_side.stop_receiver()
+  host_side.runtime.stop()
 
 
 host_side.set_exit_barrier(barrier_wait)  # the drain at interpreter exit

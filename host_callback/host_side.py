@@ -10,8 +10,8 @@ import dataclasses
 import sys
 import threading
 import weakref
-from typing import (Any, Callable, Dict, FrozenSet, List, Sequence, Set,
-                    Tuple, TypeVar, Union)
+from typing import (Any, Callable, Dict, List, Sequence, Set, Tuple, TypeVar,
+                    Union)
 
 import jax
 import numpy as np
@@ -50,10 +50,6 @@ def transport(name: str) -> Transport:
   return runtime.transports()[name]
 
 
-def transports() -> Dict[str, Transport]:
-  """The process's transports, by name."""
-  return runtime.transports()
-
 
 @dataclasses.dataclass
 class _Registrations:
@@ -89,11 +85,6 @@ def open_device(producer: Transport, device_id: int) -> None:
   """Opens the queue of a device that may send to `producer`."""
   runtime.open_device(producer.name, device_id)
 
-
-def open_device_numbers() -> FrozenSet[int]:
-  """The devices whose queues are open, on any transport: a computation of
-  ours opens the queues of its devices when it is lowered."""
-  return runtime.open_device_ids()
 
 
 def context_of(function: HostFunction) -> str:
@@ -140,14 +131,6 @@ def register_site(producer: Transport, function: HostFunction,
   return site
 
 
-def release_retired() -> None:
-  """Frees what dead host functions held, if their packets are consumed."""
-  runtime.release_retired()
-
-
-def check_usable() -> None:
-  """Raises in a child forked while the parent's receiver was running."""
-  runtime.check_usable()
 
 
 def raise_recorded_error() -> None:
@@ -186,23 +169,17 @@ def queue_statistics() -> Dict[Tuple[str, Any], QueueStats]:
   if runtime.running_receiver() is None:
     return {}
   return {(name, device_by_number(device_id)): queues.stats(device_id)
-          for name, queues in transports().items()
+          for name, queues in runtime.transports().items()
           for device_id in queues.device_ids()}
 
 
 def queues_drained() -> bool:
   """Whether every packet sent so far, to any queue, has been consumed."""
-  for transport in transports().values():  # a loop: an idle barrier's cost
+  for transport in runtime.transports().values():  # an idle barrier's cost
     if not transport.drained():
       return False
   return True
 
-
-def consume_waiting_here(limit: int) -> bool:
-  """Runs on the calling thread up to `limit` host functions whose packets
-  wait on queues that no receiver thread is busy with, in each device's
-  order; returns whether it ran any."""
-  return runtime.consume_here(limit)
 
 
 def wait_released() -> None:
@@ -219,10 +196,6 @@ def start_receiver() -> None:
   3.12 starts no thread then)."""
   runtime.receiver()
 
-
-def stop_receiver() -> None:
-  """Drains and stops the receiver threads."""
-  runtime.stop()
 
 
 # The barrier that drains at exit: `barrier.barrier_wait`, which `barrier`

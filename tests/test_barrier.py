@@ -34,7 +34,7 @@ def _busy_input(device):
 def _sent_and_begun():
   """Packets ever sent, per queue, and our executions ever begun."""
   sent = {(name, device_id): queues.packets_sent(device_id)
-          for name, queues in host_side.transports().items()
+          for name, queues in host_side.runtime.transports().items()
           for device_id in queues.device_ids()}
   return sent, executions.counts()[0]
 

@@ -79,7 +79,7 @@ _REFUSED = """
         out = step(jnp.arange(3.0))
       hcb.barrier_wait()
     print(out.tolist(), seen, host_side.native_available(),
-          sorted(host_side.transports()))
+          sorted(host_side.runtime.transports()))
     for warning in caught:
       print(warning.category.__name__, warning.message)
     """
