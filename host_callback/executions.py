@@ -22,7 +22,7 @@ from jax.extend.core import Primitive
 from . import _jax_adapter as adapter
 from . import native_handlers, per_device
 from ._jax_adapter import mlir
-from .receiver import native_library
+from .receiver import transport_native
 
 _EFFECT = adapter.host_callback_effect
 
@@ -39,8 +39,8 @@ def counted(ctx: Any) -> bool:
 
 def _lower_mark_op(ctx: Any, *, end: bool) -> list:
   """The custom call `begin(token) -> token` or `end(token) -> token`."""
-  target = (native_library.END_TARGET if end
-            else native_library.BEGIN_TARGET)
+  target = (transport_native.END_TARGET if end
+            else transport_native.BEGIN_TARGET)
   token_aval = adapter.abstract_token()
   op_ctx = ctx.replace(avals_in=[token_aval], avals_out=[token_aval])
   op = jax.ffi.build_ffi_lowering_function(target, has_side_effect=True)(
@@ -75,17 +75,17 @@ def counts() -> Tuple[int, int, int]:
   """Executions begun ever, in flight now, and the fewest in flight right
   after one ended since `reset_low_water` (huge when none ended); all 0
   without the native library."""
-  if not native_library.available():
+  if not transport_native.available():
     return 0, 0, 0
-  return native_library.executions()
+  return transport_native.executions()
 
 
 def reset_low_water() -> None:
-  if native_library.available():
-    native_library.reset_executions_low_water()
+  if transport_native.available():
+    transport_native.reset_executions_low_water()
 
 
 def failed(ctx: Any) -> Any:
   """What one of our Python callbacks in this computation calls when it
   raises, which stops the execution: counts it as ended, if counted."""
-  return native_library.execution_failed if counted(ctx) else None
+  return transport_native.execution_failed if counted(ctx) else None

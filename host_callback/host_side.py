@@ -22,7 +22,7 @@ from .devices import device_by_number
 from .host_functions import HostFunction, Transforms, make_consumer
 from .receiver import (Consumer, PythonTransport, QueueStats, Runtime,
                        Transport)
-from .receiver import native_library, transport_native
+from .receiver import transport_native
 
 T = TypeVar("T")
 
@@ -251,7 +251,7 @@ def _left_undelivered() -> str:
       f"{count} {'tap or call' if count == 1 else 'taps or calls'} on "
       f"device {device_id} ({name} transport)"
       for (name, device_id), count in runtime.undelivered().items())
-  running = native_library.executions()[1] if native_available() else 0
+  running = transport_native.executions()[1] if native_available() else 0
   return (f"host_callback: Ctrl-C ended the drain at exit; left undelivered: "
           f"{queued or 'nothing queued'}; device executions still running: "
           f"{running}\n")

@@ -19,12 +19,12 @@ import numpy as np
 
 from . import _jax_adapter as adapter
 from .lowering_kinds import Kind
-from .receiver import native_library
+from .receiver import transport_native
 
 
-_TARGETS = {Kind.TAP: native_library.OUTFEED_TARGET,
-            Kind.TAP_SYNC: native_library.TAP_SYNC_TARGET,
-            Kind.CALL: native_library.CALL_TARGET}
+_TARGETS = {Kind.TAP: transport_native.OUTFEED_TARGET,
+            Kind.TAP_SYNC: transport_native.TAP_SYNC_TARGET,
+            Kind.CALL: transport_native.CALL_TARGET}
 
 
 def emit(ctx: Any, place: adapter.ExecutionPlace, kind: Kind,

@@ -18,7 +18,7 @@ from typing import Optional
 import jax
 
 from . import settings
-from .receiver import native_library
+from .receiver import transport_native
 
 _FIX = ("install a host-callback release that supports the installed jaxlib "
         "(the README lists the supported JAX versions), or set "
@@ -29,7 +29,7 @@ def accepted(platform: str = "cpu") -> bool:
   """Whether the native module is built and XLA took its handlers for
   `platform` ('cpu', or 'cuda'); registers them at the first call, and
   warns once when XLA refuses them."""
-  return native_library.available() and _refusal(platform) is None
+  return transport_native.available() and _refusal(platform) is None
 
 
 @functools.lru_cache(maxsize=None)
@@ -38,10 +38,10 @@ def _refusal(platform: str) -> Optional[str]:
   XLA accepted them, else why not (warned once)."""
   try:
     if platform == "cuda":
-      native_library.load_cuda_runtime()
-      handlers = native_library.cuda_ffi_handlers()
+      transport_native.load_cuda_runtime()
+      handlers = transport_native.cuda_ffi_handlers()
     else:
-      handlers = native_library.ffi_handlers()
+      handlers = transport_native.ffi_handlers()
     for name, handler in handlers.items():
       jax.ffi.register_ffi_target(
           name, handler, platform="CUDA" if platform == "cuda" else platform)
@@ -62,7 +62,7 @@ def transport_for_platform(platform: str) -> str:
   """The transport of a computation for `platform`: the one the settings
   choose (`settings.transport_for_platform`), or 'python' where XLA refused
   the native handlers."""
-  name = settings.transport_for_platform(platform, native_library.available())
+  name = settings.transport_for_platform(platform, transport_native.available())
   if name == "native" and not accepted(platform):
     return "python"
   return name

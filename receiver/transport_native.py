@@ -23,9 +23,23 @@ import numpy as np
 from . import native_sites, native_wire
 from .native_decode import decode
 from .native_library import native
+# What the JAX side needs besides the Transport, to emit the native ops and
+# count their executions (host_callback/ reaches the native module only
+# through this module): see native_library for each.
+from .native_library import (
+    BEGIN_TARGET, CALL_TARGET, END_TARGET, OUTFEED_TARGET, TAP_SYNC_TARGET,
+    available, cuda_ffi_handlers, execution_failed, executions, ffi_handlers,
+    load_cuda_runtime, reset_executions_low_water)
 from .native_memory import BatchBuffer
 from .packets import POLL_SECONDS, DirectRun, Packet
 from .transport import QueueStats
+
+__all__ = [
+    "NativeTransport", "BEGIN_TARGET", "CALL_TARGET", "END_TARGET",
+    "OUTFEED_TARGET", "TAP_SYNC_TARGET", "available", "cuda_ffi_handlers",
+    "execution_failed", "executions", "ffi_handlers", "load_cuda_runtime",
+    "reset_executions_low_water",
+]
 
 # A batch taken from a queue holds at most this many packets and bytes (but
 # at least one packet): small batches keep the objects alive at once, and so

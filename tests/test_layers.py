@@ -88,3 +88,13 @@ def test_the_adapter_exports_every_name_the_package_uses():
         used.update(alias.name for alias in node.names)
   assert used and used <= set(_jax_adapter.__all__), sorted(
       used - set(_jax_adapter.__all__))
+
+
+def test_the_jax_side_reaches_the_native_module_through_its_transport():
+  """host_callback/ imports receiver.transport_native, never the native
+  library itself."""
+  for path in PACKAGE.glob("*.py"):
+    for node in ast.walk(ast.parse(path.read_text())):
+      if isinstance(node, ast.ImportFrom) and node.module == "receiver":
+        names = {alias.name for alias in node.names}
+        assert "native_library" not in names, path.name
