@@ -13,7 +13,7 @@ from typing import (Any, Callable, Dict, Hashable, List, NamedTuple, Optional,
 import jax
 import numpy as np
 
-from . import failures
+from . import stop_listeners
 from .receiver import interrupts
 
 # A transformation entry as stored in primitive params (hashable):
@@ -305,7 +305,7 @@ def make_consumer(function: HostFunction, transforms: Transforms,
         try:
           func(argument(arrays), unpacked)
         except BaseException:
-          failures.notify(device_id, is_call=False)
+          stop_listeners.notify(device_id, is_call=False)
           raise
       return tap
 
@@ -313,7 +313,7 @@ def make_consumer(function: HostFunction, transforms: Transforms,
       try:
         func(argument(arrays), unpacked, **device_kwargs(device_id, arrays))
       except BaseException:
-        failures.notify(device_id, is_call=False)
+        stop_listeners.notify(device_id, is_call=False)
         raise
     return tap_with_device
 
@@ -322,7 +322,7 @@ def make_consumer(function: HostFunction, transforms: Transforms,
     try:
       result = func(argument(arrays), **device_kwargs(device_id, arrays))
     except BaseException as error:
-      failures.notify(device_id, is_call=True)
+      stop_listeners.notify(device_id, is_call=True)
       # A KeyboardInterrupt of its own is its error too; Ctrl-C is not.
       if (not isinstance(error, (Exception, KeyboardInterrupt)) or
           interrupts.ctrl_c(error)):

@@ -13,7 +13,7 @@ A loop whose body was traced inside another decorated body is nested in it
 (`Tap.parent`): when it ends its bar stays on screen, to be reset by its next
 run instead of opening a new row, and closes when a bar of the outer loop on
 that device closes. A bar also closes when a host function's error stops its
-device (`failures`), and a step 0 for a bar that is still running (a run
+device (`stop_listeners`), and a step 0 for a bar that is still running (a run
 that stopped unseen) closes it and opens a fresh one. After a barrier every
 loop it waited for has ended: the bars still open close then (a loop shorter
 than its `n`, or stopped by an op that is not ours). A bar that closes before
@@ -40,7 +40,7 @@ from typing import Any, Dict, List, Optional, Set, Tuple
 import jax
 import numpy as np
 
-from . import barrier, failures, screen
+from . import barrier, screen, stop_listeners
 from .devices import device_number
 
 Key = Tuple[Optional[int], Optional[int]]  # (bar id, device number)
@@ -104,7 +104,7 @@ def _close_unfinished() -> None:
     _reserved.clear()
 
 
-failures.add_listener(_close_device)
+stop_listeners.add_listener(_close_device)
 barrier.after_each_wait(_close_unfinished)
 
 
