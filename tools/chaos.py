@@ -252,6 +252,7 @@ def interrupt_the_main_thread(rng: random.Random, counts: Counts) -> None:
     ran.append(int(value))
     return value
 
+  wait: Callable[[], Any]
   if in_barrier:
     jax.jit(lambda x: hcb.id_tap(slow, x))(jnp.int32(1))
     wait = hcb.barrier_wait
@@ -297,6 +298,7 @@ def exit_a_child(rng: random.Random, counts: Counts, transport: str) -> None:
   child = subprocess.Popen(
       [sys.executable, "-c", f"BLOCK = {block}\n" + _CHILD], env=env,
       text=True, stdout=subprocess.PIPE, stderr=subprocess.PIPE)
+  assert child.stdout is not None
   try:
     if block:
       if not select.select([child.stdout], [], [], WAIT_BOUND_SECONDS)[0]:
