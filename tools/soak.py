@@ -1,6 +1,7 @@
 """Soak test: a mixed host_callback workload for a given duration.
 
     python -m tools.soak --minutes 10 [--transport native|python]
+    python -m tools.soak --chaos --seconds 60 [--seed N]  (see tools/chaos.py)
 
 Four Python threads run, each on its own CPU device (4 are forced), each
 cycling through: a 1,000-step scan of sequence-numbered scalar taps, a
@@ -15,6 +16,7 @@ import argparse
 import collections
 import os
 import resource
+import sys
 import threading
 import time
 
@@ -25,6 +27,8 @@ import jax.numpy as jnp  # noqa: E402
 import numpy as np  # noqa: E402
 
 import host_callback as hcb  # noqa: E402
+
+from . import chaos  # noqa: E402
 
 SCALAR_STEPS, ARRAY_STEPS, CALL_STEPS = 1000, 100, 100
 
@@ -103,10 +107,20 @@ def main() -> None:
   parser.add_argument("--minutes", type=float, default=10.0)
   parser.add_argument("--transport", choices=["auto", "native", "python"],
                       default="auto")
+  parser.add_argument("--chaos", action="store_true",
+                      help="inject faults and check the outcome "
+                      "(tools/chaos.py); exits 1 on any violation")
+  parser.add_argument("--seconds", type=float,
+                      help="the duration, instead of --minutes")
+  parser.add_argument("--seed", type=int, default=0, help="for --chaos")
   options = parser.parse_args()
+  seconds = (options.seconds if options.seconds is not None
+             else 60 * options.minutes)
+  if options.chaos:
+    sys.exit(chaos.main(seconds, options.seed, options.transport))
   jax.config.update("jax_host_callback_transport", options.transport)
   ledger = Ledger()
-  deadline = time.monotonic() + 60 * options.minutes
+  deadline = time.monotonic() + seconds
   threads = [threading.Thread(target=_worker, args=(ledger, d, i, deadline))
              for i, d in enumerate(jax.devices()[:4])]
   start = time.monotonic()
