@@ -13,7 +13,7 @@ from typing import Any, Callable, Dict, Optional, TextIO, Tuple
 import jax
 import numpy as np
 
-from . import barrier, primitive, host_side
+from . import barrier, host_side, primitive
 from .devices import most_devices
 from .host_functions import HostFunction, interned
 from .printing import Printer

@@ -49,13 +49,12 @@ class ShardTable:
 
   def shards(self, device_by_number: Callable[[int], Any],
              treedef: Any) -> Dict[int, Shard]:
-    def tree(leaves: Sequence[Any]) -> Any:
-      return jax.tree_util.tree_unflatten(treedef, list(leaves))
-    global_shape = tree(self.global_shapes)
+    global_shape = _unflatten(treedef, self.global_shapes)
     return {number: Shard(device_by_number(number),
-                          tree([tuple(slice(*bounds) for bounds in part)
-                                for part in parts]),
-                          global_shape, tree(replicas))
+                          _unflatten(treedef, [
+                              tuple(slice(*bounds) for bounds in part)
+                              for part in parts]),
+                          global_shape, _unflatten(treedef, replicas))
             for number, parts, replicas in self.parts}
 
 
@@ -63,12 +62,16 @@ def whole_value_shard(device: Any, treedef: Any,
                       arrays: Sequence[np.ndarray]) -> Shard:
   """The `Shard` of a value that is not split (one device, or the
   per-device value of `shard_map` and `pmap`): the whole of it."""
-  def tree(leaves: Sequence[Any]) -> Any:
-    return jax.tree_util.tree_unflatten(treedef, list(leaves))
   return Shard(device,
-               tree([tuple(slice(None) for _ in a.shape) for a in arrays]),
-               tree([tuple(a.shape) for a in arrays]),
-               tree([0] * len(arrays)))
+               _unflatten(treedef, [tuple(slice(None) for _ in a.shape)
+                                    for a in arrays]),
+               _unflatten(treedef, [tuple(a.shape) for a in arrays]),
+               _unflatten(treedef, [0] * len(arrays)))
+
+
+def _unflatten(treedef: Any, leaves: Sequence[Any]) -> Any:
+  """The pytree `treedef` with one entry per sent leaf."""
+  return jax.tree_util.tree_unflatten(treedef, list(leaves))
 
 
 @dataclasses.dataclass(frozen=True, eq=False)

@@ -71,8 +71,6 @@ def lower(ctx: Any, *operands: Any, bind: Callable[..., List[Any]],
   """Lowers a tap or a call with the transport chosen for this lowering;
   `bind` binds the primitive again (per device, in sharded code)."""
   settings.queue_bytes()  # a bad setting fails here, at compile time
-  name = transport_for(ctx)
-  synchronous = is_synchronous(ctx)
   devices = adapter.sharded_devices(ctx)
   if devices is not None and function.partitioned:
     return partitioned.lower(ctx, *operands, bind=bind, devices=devices,
@@ -89,6 +87,10 @@ def lower(ctx: Any, *operands: Any, bind: Callable[..., List[Any]],
                               transforms=transforms)
     return results if function.is_call else list(operands)
 
+  # Not sharded by the partitioner (or per device, inside the shard_map
+  # of the two lowerings above): the op itself.
+  name = transport_for(ctx)
+  synchronous = is_synchronous(ctx)
   place = adapter.execution_place(ctx, device_index)
   producer = host_side.transport(name)
   _open_devices(producer, place.mesh_devices if place.fixed_device is None
