@@ -29,6 +29,7 @@ import time
 from typing import Any, Callable, Dict, List, Optional, Tuple
 
 import jax
+import numpy as np
 
 from . import _jax_adapter as adapter
 from . import executions, primitive, probes, host_side, settings
@@ -150,7 +151,9 @@ def _compiled_marker(name: str, device: int) -> Any:
   JAX is tracing, where a jitted call would be staged into that code and
   never run."""
   on_device = zero_on(local_devices_by_number()[device])
-  return _marker_computation(name).lower(on_device, 0).compile()
+  # The number is an int32 whatever jax_enable_x64 says when it is
+  # compiled or run (_run_marker).
+  return _marker_computation(name).lower(on_device, np.int32(0)).compile()
 
 
 class _InFlight:
@@ -244,7 +247,7 @@ def _run_marker(marker: Any, on_device: jax.Array, number: int) -> None:
   leaving this thread on the marker's transport and mode. Where none is
   pending, an error that names the KeyboardInterrupt is raised as one."""
   try:
-    marker(on_device, number)
+    marker(on_device, np.int32(number))
   except Exception as error:  # pylint: disable=broad-except
     if "KeyboardInterrupt" in str(error):
       raise KeyboardInterrupt from error

@@ -165,8 +165,12 @@ def interned(function: HostFunction) -> HostFunction:
   return _interner.intern(function)
 
 
-class CallError(RuntimeError):
-  """A `call`'s host function raised, or returned a value of the wrong kind."""
+class CallError(jax.errors.JaxRuntimeError):
+  """A `call`'s host function raised, or returned a value of the wrong kind.
+
+  A `jax.errors.JaxRuntimeError`: JAX's GPU callbacks (the Python transport
+  there) raise it to the caller as it is, where JAX's CPU callbacks raise a
+  `JaxRuntimeError` that names it."""
 
 
 def unpack_transforms(transforms: Transforms) -> Tuple[Tuple[Any, ...], ...]:

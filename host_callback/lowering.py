@@ -20,14 +20,13 @@ from __future__ import annotations
 from typing import Any, Callable, List, Sequence
 
 import jax
-import numpy as np
 
 from . import _jax_adapter as adapter
 from . import (host_side, lowering_native, lowering_python, native_handlers,
                partitioned, settings)
 from .devices import device_number
 from .host_functions import HostFunction, Transforms
-from .lowering_kinds import Kind
+from .lowering_kinds import Kind, wire_dtype
 from .per_device import AXIS, lower_on_each_device, one_axis_mesh
 
 _EMITTERS = {"native": lowering_native.emit, "python": lowering_python.emit}
@@ -58,11 +57,6 @@ def physical_avals(ctx: Any, num_args: int, function: HostFunction
   result_avals = ([adapter.physical_aval(a) for a in ctx.avals_out]
                   if function.is_call else [])
   return arg_avals, result_avals
-
-
-def _wire_dtype(dtype: Any) -> np.dtype:
-  """How XLA stores the dtype: float0 as bool (one byte each)."""
-  return np.dtype(np.bool_) if dtype == jax.dtypes.float0 else np.dtype(dtype)
 
 
 def lower(ctx: Any, *operands: Any, bind: Callable[..., List[Any]],
@@ -100,7 +94,7 @@ def lower(ctx: Any, *operands: Any, bind: Callable[..., List[Any]],
   arg_avals, result_avals = physical_avals(ctx, num_args, function)
   site = host_side.register_site(
       producer, function, transforms,
-      [_wire_dtype(a.dtype) for a in arg_avals], [a.shape for a in arg_avals])
+      [wire_dtype(a.dtype) for a in arg_avals], [a.shape for a in arg_avals])
   adapter.keep_alive_with_executable(ctx, function)
   emit = _EMITTERS[name]
   if function.is_call:

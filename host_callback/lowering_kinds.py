@@ -1,6 +1,11 @@
-"""What a host_callback op does on the device, as both transports emit it."""
+"""What a host_callback op does on the device, as both transports emit it,
+and how its arrays are stored."""
 
 import enum
+from typing import Any
+
+import jax
+import numpy as np
 
 
 class Kind(enum.Enum):
@@ -14,3 +19,8 @@ class Kind(enum.Enum):
   TAP = "tap"
   TAP_SYNC = "tap_sync"
   CALL = "call"
+
+
+def wire_dtype(dtype: Any) -> np.dtype:
+  """How XLA stores the dtype: float0 as bool (one byte each)."""
+  return np.dtype(np.bool_) if dtype == jax.dtypes.float0 else np.dtype(dtype)

@@ -13,7 +13,7 @@ from . import _jax_adapter as adapter
 from . import executions, host_side
 from ._jax_adapter import hlo, mlir
 from .devices import device_number, numbers
-from .lowering_kinds import Kind
+from .lowering_kinds import Kind, wire_dtype
 from .receiver import interrupts
 
 
@@ -97,7 +97,8 @@ def emit(ctx: Any, place: adapter.ExecutionPlace, kind: Kind,
   if widens_subbyte(ctx.module_context.platforms):
     sent_avals, returned_avals = _widened(operand_avals), _widened(result_avals)
     operands = _converted(ctx, operands, operand_avals, sent_avals)
-    operand_dtypes = [aval.dtype for aval in operand_avals]
+    # float0 arrives as float0 there, as bool (XLA's) on CPU.
+    operand_dtypes = [wire_dtype(aval.dtype) for aval in operand_avals]
     returned_dtypes = [aval.dtype for aval in returned_avals]
 
     def received(arrays):

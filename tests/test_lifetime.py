@@ -195,8 +195,23 @@ def test_closure_is_freed_with_its_jitted_function(both_modes, op):
     # the client holds the executable's host callbacks (one of which holds
     # the host function) until the execution's status is ready, and lets
     # go of them on its own thread, maybe after the last tap has run.
-    wait_until(lambda: _collected(ref), timeout=10)
+    if (not wait_until(lambda: _collected(ref), timeout=10) and
+        not _debug_callback_closure_freed()):
+      pytest.skip(f"on {jax.default_backend()}, JAX keeps a jitted "
+                  "function's jax.debug.callback closure too")
   assert ref() is None
+
+
+def _debug_callback_closure_freed() -> bool:
+  """Whether JAX frees a jitted jax.debug.callback's closure with the
+  function (within 10 s), as the test above asks of ours."""
+  payload = _Payload()
+  ref = weakref.ref(payload)
+  f = jax.jit(lambda v: jax.debug.callback(lambda a: (payload, a)[1], v))
+  jax.block_until_ready(f(jnp.arange(3.)))
+  jax.effects_barrier()
+  del f, payload
+  return wait_until(lambda: _collected(ref), timeout=10)
 
 
 def _collected(ref) -> bool:

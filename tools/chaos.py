@@ -1,6 +1,7 @@
 """Chaos soak: the soak's workload with faults injected at random, checked.
 
     python -m tools.soak --chaos --seconds 60 [--transport ...] [--seed N]
+        [--taps-per-step N]
 
 Rounds until the time is up. Each round picks a mode (outfeed or
 synchronous) and maybe the smallest queue bound; four threads, one per CPU
@@ -323,8 +324,12 @@ def exit_a_child(rng: random.Random, counts: Counts, transport: str) -> None:
     counts.violation(f"a child's drain: {stdout!r} {stderr[-500:]}")
 
 
-def main(seconds: float, seed: int, transport: str) -> int:
-  """Runs the chaos soak; returns the exit status."""
+def main(seconds: float, seed: int, transport: str,
+         taps_per_step: int = TAPS_PER_STEP) -> int:
+  """Runs the chaos soak, with `taps_per_step` taps in each step (more
+  taps per fault for a long run); returns the exit status."""
+  global TAPS_PER_STEP  # pylint: disable=global-statement
+  TAPS_PER_STEP = taps_per_step
   jax.config.update("jax_host_callback_transport", transport)
   rng = random.Random(seed)
   counts = Counts()

@@ -19,11 +19,13 @@ Checks, each PASS or FAIL, printed as each ends: the CUDA runtime's
 functions are found (`native/cuda_api.cc`); the GPU tests (tests/test_gpu.py,
 and tests/test_persistent_cache.py on the GPU) and the CUDA transport's
 host-side tests (tests/test_cuda_transport.py); the whole test suite with
-the GPU as the default backend; timing rows, µs per step of a scan of tiny
-steps, for no tap, a tap on each transport and `jax.debug.callback`;
+the GPU as the default backend; a 45-second soak of 4 threads of taps
+(tools.soak); the timing rows of tools/gpu_timings.py (a scan of tiny
+steps with each kind of tap, `scan_tqdm`, a ~1 ms training step with a tap
+and `barrier_wait()` every step);
 `tools.bench`'s rows that the GPU targets name (GPU_BENCH_ROWS); whether
-another thread can compile while a host function blocks a launch
-(tools/gpu_compile_during_call.py); and the hardware's own figures from
+JAX can compile while a host function blocks a launch, on another thread or
+in the host functions themselves (tools/gpu_compile_during_call.py); and the hardware's own figures from
 the CUDA programs of ../shared/gpu/ (built with nvcc when it exists).
 Needs no network. Exits 0 when every check passed, 1 when one failed, and
 2 with a "no GPU" message where JAX has no CUDA backend (nothing
@@ -43,6 +45,8 @@ import sys
 import tempfile
 import time
 from typing import List, Optional, Tuple
+
+from . import gpu_timings
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 SHARED_GPU = os.path.join(os.path.dirname(ROOT), "shared", "gpu")
@@ -119,40 +123,6 @@ def suite_command(python: str, workers: int) -> List[str]:
   return command
 
 
-def timing_rows(steps: int = 20000) -> List[Tuple[str, float]]:
-  """µs per step of a scan of tiny steps: no tap, a tap per step on each
-  transport, jax.debug.callback per step."""
-  import jax  # pylint: disable=import-outside-toplevel
-  import jax.numpy as jnp  # pylint: disable=import-outside-toplevel
-  import host_callback as hcb  # pylint: disable=import-outside-toplevel
-
-  def scan(op):
-    def step(x, _):
-      x = x * 0.999 + 1.0
-      op(x)
-      return x, None
-    return jax.jit(lambda x: jax.lax.scan(step, x, None, length=steps)[0])
-
-  def per_step(op, transport="auto") -> float:
-    jax.config.update("jax_host_callback_transport", transport)
-    f = scan(op)
-    jax.block_until_ready(f(jnp.float32(0)))  # compiles
-    hcb.barrier_wait()
-    start = time.perf_counter()
-    jax.block_until_ready(f(jnp.float32(0)))
-    hcb.barrier_wait()
-    return (time.perf_counter() - start) / steps * 1e6
-
-  tap = lambda x: hcb.id_tap(lambda *_: None, x)  # noqa: E731
-  rows = [("scan step, no tap", per_step(lambda x: None)),
-          ("+ id_tap, native (CUDA handlers)", per_step(tap, "native")),
-          ("+ id_tap, python (JAX's callbacks)", per_step(tap, "python")),
-          ("+ jax.debug.callback",
-           per_step(lambda x: jax.debug.callback(lambda *_: None, x)))]
-  jax.config.update("jax_host_callback_transport", "auto")
-  return rows
-
-
 def hardware_rows(programs: str) -> Tuple[List[str], str]:
   """The figures of `programs`/*.cu (../shared/gpu), built with nvcc; or
   why none."""
@@ -173,7 +143,7 @@ def hardware_rows(programs: str) -> Tuple[List[str], str]:
   return lines, ""
 
 
-def report(gpu: str, checks: List[Check], rows: List[Tuple[str, float]],
+def report(gpu: str, checks: List[Check], rows: List[gpu_timings.Row],
            bench: str, blocked: str, hardware: List[str],
            hardware_note: str) -> str:
   lines = ["# host_callback GPU check", "",
@@ -182,8 +152,9 @@ def report(gpu: str, checks: List[Check], rows: List[Tuple[str, float]],
            "| check | result | detail |", "| --- | --- | --- |"]
   lines += [f"| {name} | {'PASS' if ok else 'FAIL'} | "
             f"{detail.replace('|', '/')} |" for name, ok, detail in checks]
-  lines += ["", "| per step of a 20k-step scan | µs |", "| --- | --- |"]
-  lines += [f"| {name} | {value:.2f} |" for name, value in rows]
+  lines += ["", "Timings (`python -m tools.gpu_timings`):", "",
+            "| row | value |", "| --- | --- |"]
+  lines += [f"| {name} | {value:.3f} {unit} |" for name, value, unit in rows]
   lines += ["", "`python -m tools.bench --quick` (GPU_BENCH_ROWS):", "",
             bench.strip() or "(not run)"]
   lines += ["", "Another thread's JAX work while a host function blocks a "
@@ -222,7 +193,7 @@ def main(argv: Optional[List[str]] = None) -> int:
   python = sys.executable
   checks: List[Check] = []
 
-  rows: List[Tuple[str, float]] = []
+  rows: List[gpu_timings.Row] = []
   bench, blocked, hardware, note = "", "", [], "not run yet"
 
   def write_report() -> str:
@@ -253,8 +224,13 @@ def main(argv: Optional[List[str]] = None) -> int:
                 suite_command(python, args.workers), args.suite_timeout)
     with open(args.report + ".suite.log", "w", encoding="utf-8") as out:
       out.write(log)
+  check("soak: 4 threads of taps for 45 s, nothing lost or reordered",
+        [python, "-m", "tools.soak", "--seconds", "45", "--threads", "4",
+         "--transport", "native"], 300)
   try:
-    rows = timing_rows()
+    rows = [row for timings in (gpu_timings.scan_rows, gpu_timings.bar_rows,
+                                gpu_timings.training_rows)
+            for row in timings()]
     checks.append(show(("timing rows", True, f"{len(rows)} rows")))
   except Exception as error:  # pylint: disable=broad-except
     checks.append(show(("timing rows", False,
@@ -262,7 +238,8 @@ def main(argv: Optional[List[str]] = None) -> int:
   bench = check("tools.bench GPU rows", [
       python, "-m", "tools.bench", "--quick", "--only", GPU_BENCH_ROWS], 900)
   blocked = check("compiling during a call (tools.gpu_compile_during_call)",
-                  [python, "-m", "tools.gpu_compile_during_call"], 300)
+                  [python, "-m", "tools.gpu_compile_during_call", "--wait",
+                   "10", "--at-a-time", "20"], 300)
   try:
     hardware, note = hardware_rows(args.hardware)
   except (subprocess.SubprocessError, OSError) as error:

@@ -1,22 +1,29 @@
-"""While a host function blocks a computation's launch, can another thread
-use JAX on the same device? Prints one line per case, on the default
-backend (a GPU's answer is the one of interest):
+"""While a host function blocks a computation's launch, can JAX compile
+for the same device? Prints one line per case, on the default backend (a
+GPU's answer is the one of interest):
 
-    python -m tools.gpu_compile_during_call
+    python -m tools.gpu_compile_during_call [--wait SECONDS] [--own-only]
 
-Each case runs in a process of its own, four at a time: a jitted `call`
-(native or python transport) or `jax.pure_callback` whose host function
-waits up to WAIT_SECONDS for a second thread, which meanwhile compiles,
-compiles and runs, or runs an already compiled function on the default
-device, puts an array there, or runs a function on the CPU.
-"ok" means the second thread finished while the host function waited;
-"BLOCKED" that it did not. On an H200 with jax 0.11.2, the cases that
-compile for the GPU were blocked, on every transport and with
+Each case runs in a process of its own, AT_A_TIME at a time: a jitted
+`call` (native or python transport) or `jax.pure_callback` whose host
+function waits up to `--wait` seconds (WAIT_SECONDS) for a second thread,
+which meanwhile compiles, compiles and runs, or runs an already compiled
+function on the default device, puts an array there, or runs a function on
+the CPU. "ok" means the second thread finished while the host function
+waited; "BLOCKED" that it did not. On an H200 with jax 0.11.2, the cases
+that compile for the GPU were blocked, on every transport and with
 `pure_callback` (docs/architecture.md, "The CUDA part").
+
+Two more cases per transport ask what a user meets: the call's host
+function compiles and runs a new function itself ("own"), and a tap just
+before the call does ("tap before"; the call waits for that tap). "ok"
+means the computation finished; "HUNG" that its process outlived the wait.
 """
 
 from __future__ import annotations
 
+import argparse
+import faulthandler
 import itertools
 import os
 import subprocess
@@ -26,8 +33,48 @@ import time
 
 CALLS = ("native", "python", "pure_callback")
 WORK = ("compile_run", "run", "compile", "put", "cpu")
+# The cases where the host functions compile themselves: (call, where).
+OWN = tuple(itertools.product(CALLS, ("own",))) + (
+    ("native", "tap_before"), ("python", "tap_before"))
 WAIT_SECONDS = 20
 AT_A_TIME = 4
+
+
+def own_case(call: str, where: str) -> str:
+  """Runs one case where a host function compiles and runs a new JAX
+  function for the default device: the call's own ("own"), or a tap's just
+  before the call ("tap_before")."""
+  import jax  # pylint: disable=import-outside-toplevel
+  import jax.numpy as jnp  # pylint: disable=import-outside-toplevel
+  import numpy as np  # pylint: disable=import-outside-toplevel
+  import host_callback as hcb  # pylint: disable=import-outside-toplevel
+
+  # Where a case hangs, every thread's Python stack goes to stderr, which
+  # main() prints.
+  faulthandler.dump_traceback_later(WAIT_SECONDS, exit=True)
+
+  def compile_and_run(a):
+    fresh = jax.jit(lambda v: jnp.sum(v) * 2 + 1)  # never compiled before
+    return float(fresh(jnp.asarray(a)))
+
+  host = lambda a: np.asarray(a) + 0 * compile_and_run(a)  # noqa: E731
+  if call == "pure_callback":
+    f = jax.jit(lambda v: jax.pure_callback(
+        host, jax.ShapeDtypeStruct(v.shape, v.dtype), v))
+  else:
+    jax.config.update("jax_host_callback_transport", call)
+    if where == "own":
+      f = jax.jit(lambda v: hcb.call(host, v, result_shape=v))
+    else:
+      f = jax.jit(lambda v: hcb.call(
+          lambda a: a, hcb.id_tap(lambda a, _: compile_and_run(a), v),
+          result_shape=v))
+  start = time.perf_counter()
+  np.asarray(f(jnp.arange(4.0)))
+  hcb.barrier_wait()
+  return (f"{jax.default_backend()}: a {call} call whose "
+          f"{'own host function' if where == 'own' else 'preceding tap'} "
+          f"compiles: ok ({time.perf_counter() - start:.2f} s)")
 
 
 def one_case(call: str, work: str) -> str:
@@ -77,25 +124,43 @@ def one_case(call: str, work: str) -> str:
 
 
 def main() -> None:
-  if len(sys.argv) == 3:
-    print(one_case(*sys.argv[1:]), flush=True)
+  global WAIT_SECONDS  # pylint: disable=global-statement
+  parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+  parser.add_argument("--wait", type=float, default=WAIT_SECONDS)
+  parser.add_argument("--at-a-time", type=int, default=AT_A_TIME)
+  parser.add_argument("--own-only", action="store_true",
+                      help="only the cases where host functions compile")
+  parser.add_argument("case", nargs="*", help=argparse.SUPPRESS)
+  args = parser.parse_args()
+  WAIT_SECONDS = args.wait
+  if len(args.case) == 2:
+    run = own_case if args.case in map(list, OWN) else one_case
+    print(run(*args.case), flush=True)
     return
   # The cases share the device: none takes most of its memory up front.
   env = dict(os.environ, XLA_PYTHON_CLIENT_PREALLOCATE="false")
-  cases = list(itertools.product(CALLS, WORK))
-  for start in range(0, len(cases), AT_A_TIME):
+  cases = ([] if args.own_only else list(itertools.product(CALLS, WORK))
+           ) + list(OWN)
+  for start in range(0, len(cases), args.at_a_time):
     running = [(case, subprocess.Popen(
-        [sys.executable, "-m", __spec__.name, *case], env=env,
-        stdout=subprocess.PIPE, stderr=subprocess.DEVNULL, text=True))
-               for case in cases[start:start + AT_A_TIME]]
+        [sys.executable, "-m", __spec__.name, "--wait", str(args.wait),
+         *case], env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE,
+        text=True)) for case in cases[start:start + args.at_a_time]]
     for case, process in running:
       try:
-        out, _ = process.communicate(timeout=WAIT_SECONDS + 100)
+        out, err = process.communicate(timeout=args.wait + 30)
       except subprocess.TimeoutExpired:
         process.kill()
-        out, _ = process.communicate()
-      print(out.strip() or f"{' '.join(case)}: the case failed (exit "
-            f"{process.returncode})", flush=True)
+        out, err = process.communicate()
+      if out.strip():
+        print(out.strip(), flush=True)
+      elif "Timeout (" in err:  # faulthandler's dump of a hung case
+        print(f"{' '.join(case)}: HUNG; its threads:\n{err.strip()}",
+              flush=True)
+      else:
+        tail = " | ".join(err.strip().splitlines()[-2:])
+        print(f"{' '.join(case)}: the case failed (exit "
+              f"{process.returncode}): {tail}", flush=True)
 
 
 if __name__ == "__main__":

@@ -1,10 +1,11 @@
 """Soak test: a mixed host_callback workload for a given duration.
 
-    python -m tools.soak --minutes 10 [--transport native|python]
+    python -m tools.soak --minutes 10 [--transport native|python] [--threads N]
     python -m tools.soak --chaos --seconds 60 [--seed N]  (see tools/chaos.py)
 
-Four Python threads run, each on its own CPU device (4 are forced), each
-cycling through: a 1,000-step scan of sequence-numbered scalar taps, a
+Four Python threads (`--threads`) run, each on its own device where there
+are enough (4 CPU devices are forced; a GPU machine's default backend may
+have one, which the threads then share), each cycling through: a 1,000-step scan of sequence-numbered scalar taps, a
 100-step scan of f32[1000] taps, a 100-step scan of `call`s, and a single tap
 timed from dispatch to consumer (latency). At the end it prints how many taps
 were delivered, lost and reordered, tap latency p50/p99, and peak RSS.
@@ -51,6 +52,7 @@ class Ledger:
     self.call_errors = 0
 
   def tap(self, stream: str):
+    """A tap function that checks `stream`'s values on each device."""
     def consume(arg, transforms, device):
       value = int(np.asarray(arg).flat[0])
       key = (device.id, stream)
@@ -67,13 +69,15 @@ class Ledger:
       self.latencies.append(now - self.dispatch_times.pop(int(arg)))
 
 
-def _programs(ledger: Ledger):
+def _programs(ledger: Ledger, index: int):
+  """The jitted programs of thread `index`, whose taps are its own
+  streams."""
   def scan_of(op, steps):
     return jax.jit(lambda x: jax.lax.scan(lambda c, _: (op(c) + 1, None), x,
                                           None, length=steps)[0])
-  scalar = scan_of(lambda c: hcb.id_tap(ledger.tap("scalar"), c,
+  scalar = scan_of(lambda c: hcb.id_tap(ledger.tap(f"scalar{index}"), c,
                                         tap_with_device=True), SCALAR_STEPS)
-  array = scan_of(lambda c: hcb.id_tap(ledger.tap("array"), c,
+  array = scan_of(lambda c: hcb.id_tap(ledger.tap(f"array{index}"), c,
                                        tap_with_device=True), ARRAY_STEPS)
   calls = scan_of(lambda c: hcb.call(lambda a: a, c, result_shape=c),
                   CALL_STEPS)
@@ -82,7 +86,7 @@ def _programs(ledger: Ledger):
 
 
 def _worker(ledger: Ledger, device, index: int, deadline: float) -> None:
-  scalar, array, calls, latency = _programs(ledger)
+  scalar, array, calls, latency = _programs(ledger, index)
   cycle = 0
   while time.monotonic() < deadline:
     base = cycle * SCALAR_STEPS
@@ -97,8 +101,8 @@ def _worker(ledger: Ledger, device, index: int, deadline: float) -> None:
       ledger.dispatch_times[key] = time.perf_counter()
     latency(jax.device_put(jnp.int32(key), device))
     with ledger.lock:
-      ledger.sent[(device.id, "scalar")] += SCALAR_STEPS
-      ledger.sent[(device.id, "array")] += ARRAY_STEPS
+      ledger.sent[(device.id, f"scalar{index}")] += SCALAR_STEPS
+      ledger.sent[(device.id, f"array{index}")] += ARRAY_STEPS
     cycle += 1
 
 
@@ -113,16 +117,25 @@ def main() -> None:
   parser.add_argument("--seconds", type=float,
                       help="the duration, instead of --minutes")
   parser.add_argument("--seed", type=int, default=0, help="for --chaos")
+  parser.add_argument("--taps-per-step", type=int,
+                      default=chaos.TAPS_PER_STEP,
+                      help="for --chaos: taps in each jitted step")
+  parser.add_argument("--threads", type=int, default=4,
+                      help="threads of taps, over the default backend's "
+                      "devices in turn")
   options = parser.parse_args()
   seconds = (options.seconds if options.seconds is not None
              else 60 * options.minutes)
   if options.chaos:
-    sys.exit(chaos.main(seconds, options.seed, options.transport))
+    sys.exit(chaos.main(seconds, options.seed, options.transport,
+                        options.taps_per_step))
   jax.config.update("jax_host_callback_transport", options.transport)
   ledger = Ledger()
   deadline = time.monotonic() + seconds
-  threads = [threading.Thread(target=_worker, args=(ledger, d, i, deadline))
-             for i, d in enumerate(jax.devices()[:4])]
+  devices = jax.devices()
+  threads = [threading.Thread(target=_worker, args=(
+      ledger, devices[i % len(devices)], i, deadline))
+             for i in range(options.threads)]
   start = time.monotonic()
   for thread in threads:
     thread.start()
@@ -137,12 +150,14 @@ def main() -> None:
   latencies = np.array(ledger.latencies) * 1e6
   peak_mib = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024
   print(f"transport={options.transport} duration={elapsed:.0f}s "
-        f"devices=4 threads=4")
+        f"devices={min(len(devices), options.threads)} "
+        f"threads={options.threads} ({devices[0].platform})")
   print(f"taps delivered={delivered} lost={lost} reordered={reordered} "
         f"call_errors={ledger.call_errors}")
   print(f"tap latency (dispatch to consumer): p50={np.percentile(latencies, 50):.0f}µs "
         f"p99={np.percentile(latencies, 99):.0f}µs over {len(latencies)} taps")
   print(f"peak RSS={peak_mib:.0f} MiB")
+  sys.exit(1 if lost or reordered or ledger.call_errors else 0)
 
 
 if __name__ == "__main__":
