@@ -42,7 +42,8 @@ _REQUIRED = {
     _callback: ("emit_python_callback", "_callback_op_sharding"),
     _config: ("bool_state", "int_state", "enum_state",
               "use_shardy_partitioner"),
-    _core: ("physical_aval", "Token", "abstract_token", "Var", "new_jaxpr_eqn"),
+    _core: ("physical_aval", "Token", "abstract_token", "Var", "new_jaxpr_eqn",
+            "trace_state_clean"),
     _dispatch: ("apply_primitive", "prim_requires_devices_during_lowering",
                 "runtime_tokens"),
     _effects: ("Effect", "lowerable_effects", "control_flow_allowed_effects",
@@ -444,6 +445,13 @@ def outside_the_program_mesh() -> Iterator[None]:
     concrete.set_local(previous_concrete)
 
 
+def tracing() -> bool:
+  """Whether JAX is tracing code on this thread (a jitted call would be
+  staged into it, not run). Wraps jax._src.core.trace_state_clean, checked
+  against jax 0.10.2, 0.11.2 and 0.12.0.1."""
+  return not _core.trace_state_clean()
+
+
 def keep_alive_with_executable(ctx: Any, obj: Any) -> None:
   """Keeps `obj` alive as long as the executable being lowered.
 
@@ -620,6 +628,6 @@ __all__ = [
     "forget_failed_runtime_tokens", "forget_runtime_tokens",
     "execute_without_arguments",
     "outside_the_program_mesh", "keep_alive_with_executable",
-    "thread_token", "install_while_lowering", "install_scan_hoisting_guard",
+    "thread_token", "tracing", "install_while_lowering", "install_scan_hoisting_guard",
     "install_top_level_rewrite", "scope_eqn", "lower_scope_body",
 ]

@@ -250,7 +250,7 @@ Status Issue(const CudaApi& api, Landing& landing, cuda::Stream stream,
 }  // namespace
 
 CudaCopies::CudaCopies()
-    : pool_(&allocator_, kDefaultQueueBound, kPinnedGrain) {}
+    : pool_(&allocator_, kBlocksPerCall * kDefaultQueueBound, kPinnedGrain) {}
 
 CudaCopies::~CudaCopies() = default;
 

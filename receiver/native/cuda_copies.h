@@ -47,6 +47,9 @@ namespace hcb {
 // The queue number of CUDA device `ordinal`: host_callback/devices.py's
 // device_number of a GPU (past the CPU's numbers).
 constexpr int64_t kCudaQueueBase = int64_t{1} << 20;
+
+// A `call` holds two pinned blocks at once: its arguments' and its results'.
+constexpr int64_t kBlocksPerCall = 2;
 inline int64_t CudaQueueId(int64_t ordinal) { return kCudaQueueBase + ordinal; }
 
 // A CUDA call that failed to give a pinned block (a bad_alloc for the pool,
@@ -100,8 +103,13 @@ class CudaCopies {
   Status CopyOut(int64_t ordinal, cuda::Stream stream, Block* block,
                  const Span* host, const Span* outputs, size_t num_outputs);
 
-  // A receiver attached with this queue bound (the pool keeps that much).
-  void SetQueueBound(int64_t bytes) { pool_.SetQueueBound(bytes); }
+  // A receiver attached with this queue bound. The pool keeps twice that
+  // much: a `call` holds a block of its arguments and one of its results
+  // at once, and pinned memory mapped again for each large call cost a
+  // 256 MiB call's round trip 250 ms instead of tens (an H200).
+  void SetQueueBound(int64_t bytes) {
+    pool_.SetQueueBound(kBlocksPerCall * bytes);
+  }
   BlockPool& pool() { return pool_; }
   // Copies ever issued and landed on `ordinal`, events made, and the
   // failure that stopped its transport ("" if none).
