@@ -4,7 +4,8 @@ close.
 A `Loop` is one decorated loop body. Its taps come with the device that
 sent them and a number: a *step* tap after step `i` (0 opens the bar; it
 shows `i` when `i` is a multiple of the print rate, as jax-tqdm does; the
-last step of a loop of known length, `ends_at_total`, ends the loop), and a
+last step of a loop of known length, `ends_at_total`, ends the loop; the
+device may send the steps in between too, which are dropped), and a
 *final* tap after a loop of unknown length, with the steps done, which ends
 it. Each bar has a key, `(bar id, device number)`; the device part is None
 when the devices share one bar, whose value is then the slowest device's.
@@ -172,6 +173,16 @@ class Loop:
     # Device number -> ended bars of loops nested in this one, kept open.
     self.nested: Dict[int, List[_Bar]] = {}
 
+  def shows(self, steps: Any) -> Any:
+    """Whether the bar shows step `steps` (an int, or a traced integer):
+    a multiple of the print rate, or the last step of a loop of known
+    length. The device skips the other steps where that is cheaper
+    (`tqdm._Taps.step`); the host drops those that come."""
+    shown = steps % self.print_rate == 0
+    if self.ends_at_total and (self.total - 1) % self.print_rate:
+      shown = shown | (steps == self.total - 1)
+    return shown
+
   def on_tap(self, tap: Tap, steps_by_id: Dict[Optional[int], int],
              device: Any) -> None:
     """Opens, moves or closes the bars of a tap from `device`."""
@@ -180,6 +191,8 @@ class Loop:
     final = tap.kind == "final"
     with _lock:
       for bar_id, steps in steps_by_id.items():
+        if not final and not self.shows(steps):
+          continue  # as if skipped on the device: the same bars either way
         key = (bar_id, None if shared > 1 else number)
         bar = self._bars.get(key)
         begins = steps == 0 and not final

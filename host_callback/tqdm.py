@@ -34,8 +34,9 @@ from typing import Any, Callable, Generic, Iterator, Optional, Tuple, TypeVar
 import jax
 import jax.numpy as jnp
 
-from . import api
+from . import api, settings
 from .progress import Loop, Tap
+from .receiver import transport_native
 
 __all__ = ["PBar", "loop_tqdm", "scan_tqdm", "while_tqdm"]
 
@@ -123,11 +124,32 @@ def _tracing_body(loop: Loop) -> Iterator[None]:
     loops.pop()
 
 
+# Where a bar may tap every step: the platforms of the native transport.
+_NATIVE_PLATFORMS = ("cpu", "cuda")
+
+
+def _taps_every_step(platform: str) -> bool:
+  """Whether a bar lowered for `platform` taps every step and leaves the
+  host to draw the steps it shows, rather than skip steps in a `lax.cond`:
+  off CPU, on the native transport. There a native tap costs less than
+  XLA's GPU conditional, which reads its predicate on the host each step;
+  a Python tap costs more, and on CPU the conditional is cheap.
+
+  Read at trace time, when `lax.platform_dependent` takes its branches: the
+  transport setting is part of JAX's trace and jit cache keys. It asks the
+  settings, not XLA, so that tracing registers no CUDA handlers; where XLA
+  refuses them (and warns), the op lowers on the Python transport and the
+  bar still taps every step, which is slower but draws the same."""
+  return platform != "cpu" and settings.transport_for_platform(
+      platform, transport_native.available()) == "native"
+
+
 class _Taps:
-  """The taps a decorated body makes, from its `Loop`: at most one
-  `lax.cond` per step, which passes a scalar only (XLA's CPU loops slow
-  down with a second one). The taps are ordered with the program's other
-  taps and calls, and tied to none of its values."""
+  """The taps a decorated body makes, from its `Loop`: per step, one tap
+  of a scalar, in at most one `lax.cond` (XLA's CPU loops slow down with a
+  second one), or, where `_taps_every_step`, unconditional. The taps are
+  ordered with the program's other taps and calls, and tied to none of its
+  values."""
 
   def __init__(self, loop: Loop):
     self.loop = loop
@@ -138,16 +160,23 @@ class _Taps:
                loops[-1] if loops else None, len(loops))
 
   def step(self, i: Any, bar_id: Any) -> None:
-    """After step `i`, if the bar shows `i` or it is the first or last."""
+    """After step `i`, if the bar shows `i` (on some platforms after
+    every step, see `_taps_every_step`)."""
     tap = self._tap_function("step")
-    rate, total = self.loop.print_rate, self.loop.total
-    if rate == 1:
-      _tap(tap, i, bar_id)
+    every = functools.partial(_tap, tap, i, bar_id)
+    if self.loop.print_rate == 1:
+      every()
       return
-    shows = i % rate == 0
-    if self.loop.ends_at_total and (total - 1) % rate:
-      shows = shows | (i == total - 1)
-    jax.lax.cond(shows, lambda: _tap(tap, i, bar_id), lambda: None)
+
+    def shown() -> None:
+      jax.lax.cond(self.loop.shows(i), every, lambda: None)
+
+    branches = {platform: every for platform in _NATIVE_PLATFORMS
+                if _taps_every_step(platform)}
+    if branches:
+      jax.lax.platform_dependent(default=shown, **branches)
+    else:
+      shown()
 
   def end(self, steps: Any, bar_id: Any) -> None:
     """After a loop of unknown length: `steps` done."""

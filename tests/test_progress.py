@@ -18,6 +18,8 @@ import tqdm.notebook
 import tqdm.std
 
 import host_callback as hcb
+from host_callback import lowering, lowering_native, native_handlers, settings
+from host_callback.receiver import transport_native
 from host_callback.tqdm import PBar, loop_tqdm, scan_tqdm, while_tqdm
 from helpers import (OUTFEED, barrier_report, cpu_devices,
                      fails_when_synchronous, run_in_terminal, run_python,
@@ -600,3 +602,103 @@ def test_per_device_bars_of_failed_runs_end_in_device_order(both_modes,
       ["cpu", str(k)] for k in range(4)] * 2, done.stderr
   assert all(re.search(r"\| 2/10 \[.*ended early\]$", row) for row in rows), (
       done.stderr)
+
+
+def _lowered_scan(platform: str) -> str:
+  """The StableHLO of a jitted scan with a bar, lowered for `platform`."""
+  @scan_tqdm(100, print_rate=10)
+  def step(carry, i):
+    return carry + 1, None
+
+  traced = jax.jit(lambda c: jax.lax.scan(step, c, jnp.arange(100))[0]
+                   ).trace(0)
+  return traced.lower(lowering_platforms=(platform,)).as_text()
+
+
+def _runtime_conditionals(stablehlo: str) -> int:
+  """The conditionals of `stablehlo` that choose at run time. Those of
+  `lax.platform_dependent` do not: lowered for one platform, it is a case
+  on a constant and a case on that one's result, which XLA folds away."""
+  count = 0
+  for function in stablehlo.split("func.func")[1:]:
+    known = set(re.findall(r"(%\S+) = stablehlo\.constant", function))
+    for result, index in re.findall(
+        r'(%\S+) = "stablehlo\.case"\((%[^)]+)\)', function):
+      if index in known:
+        known.add(result)
+      else:
+        count += 1
+  return count
+
+
+@pytest.mark.parametrize("chosen, validated, every_step", [
+    ("native", False, True), ("python", True, False), ("auto", False, False),
+    ("auto", True, True)])
+def test_gpu_bars_on_the_native_transport_tap_every_step(
+    monkeypatch, chosen, validated, every_step):
+  """Lowered for CUDA, a bar skips no step on the device where the op
+  lowers on the native transport (its tap costs less than XLA's GPU
+  conditional), and skips them in a `lax.cond` on the Python transport;
+  lowered for CPU, it keeps the `lax.cond`."""
+  if not transport_native.available():
+    pytest.skip("the native transport is not built")
+  jax.config.update("jax_host_callback_transport", chosen)
+  monkeypatch.setattr(settings, "CUDA_NATIVE_VALIDATED", validated)
+  # Nothing runs: the CUDA handlers need not be registered (that needs
+  # libcudart), and the op of JAX's own callbacks, which lowers only for a
+  # backend of this process, may be the native one's.
+  monkeypatch.setattr(native_handlers, "accepted", lambda platform: True)
+  monkeypatch.setitem(lowering._EMITTERS, "python", lowering_native.emit)
+  assert _runtime_conditionals(_lowered_scan("cuda")) == (not every_step)
+  assert _runtime_conditionals(_lowered_scan("cpu")) == 1
+
+
+EDGES_PROGRAM = """
+import jax, jax.numpy as jnp
+import host_callback as hcb
+import host_callback.tqdm as bars
+{every_step}
+
+def scan(n, steps):
+  @bars.scan_tqdm(n, print_rate=3, desc=f"scan {{steps}} of {{n}}")
+  def step(carry, i):
+    return carry + 1, None
+  return jax.jit(lambda: jax.lax.scan(step, 0, jnp.arange(steps)))
+
+def while_loop(total, steps):
+  loop = bars.while_tqdm(total=total, print_rate=3,
+                         desc=f"while {{steps}} of {{total}}")
+  return jax.jit(lambda: loop(lambda c: c < steps, lambda c: c + 1, 0))
+
+print("conditionals:", scan(10, 10).lower().compile().as_text().count(
+    "conditional("))
+for n, steps in ((10, 10), (10, 8), (10, 11), (10, 14)):
+  scan(n, steps)()
+  hcb.barrier_wait()
+for total, steps in ((10, 10), (10, 8), (10, 11)):
+  while_loop(total, steps)()
+  hcb.barrier_wait()
+"""
+EVERY_STEP = "bars._taps_every_step = lambda platform: True"
+# What varies between runs: tqdm's times and rates, and so the bars' widths.
+VARYING = r"\d\d:\d\d(<[\d:?]+)?, [\d.?]+(it/s|s/it)|\|[^|]*\|"
+
+
+def test_bars_draw_alike_from_every_step(both_modes, transport):
+  """Where a bar taps every step, its host side draws what the `lax.cond`
+  path draws: the last step, a loop that ends early, steps past the
+  total (shown at the print rate only)."""
+  env = _mode_env(both_modes, transport)
+  screens, logs = [], []
+  for every_step in ("", EVERY_STEP):
+    program = EDGES_PROGRAM.format(every_step=every_step)
+    screens.append([re.sub(VARYING, "~", row)
+                    for row in run_in_terminal(program, env)])
+    done = run_python(program, env=env)
+    assert done.returncode == 0, done.stderr
+    logs.append(re.sub(VARYING, "~", done.stdout + done.stderr))
+  assert screens[0][0] == "conditionals: 1", screens[0]
+  assert screens[1][0] == "conditionals: 0", screens[1]
+  assert screens[0][1:] == screens[1][1:]
+  assert "ended early" in logs[0] and "past its total" in logs[0], logs[0]
+  assert logs[0].replace("conditionals: 1", "conditionals: 0") == logs[1]
