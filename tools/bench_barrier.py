@@ -104,20 +104,21 @@ def _training_step() -> Tuple[Callable, jax.Array]:
   return step, jnp.ones((256, 256), jnp.float32)
 
 
-def _loop_times(step: Callable, x: jax.Array, steps: int, repeat: int,
-                waits: Dict[str, Callable[[jax.Array], None]]
-                ) -> Dict[str, float]:
-  """Median ms per step of calls of `step`, with `waits[name](output)` after
-  each one, for each name: `steps` calls (rounded up to whole stretches)
-  in stretches of `_TURN` that start from `x` and end waiting for their
-  last step. The loops take turns every stretch, so that the machine's
-  drift (large on a small VM) reaches all of them alike; the median is
-  over the stretches."""
-  times: Dict[str, List[float]] = {name: [] for name in waits}
+def loop_times(x: jax.Array, steps: int, repeat: int,
+               loops: Dict[str, Tuple[Callable, Callable[[jax.Array], None]]]
+               ) -> Dict[str, float]:
+  """Median ms per step of each loop `name`: calls of `step` (which returns
+  (loss, x)), with `wait(output)` after each one, for `loops[name] =
+  (step, wait)`: `steps` calls (rounded up to whole stretches) in
+  stretches of `_TURN` that start from `x` and end waiting for their last
+  step and its taps. The loops take turns every stretch, so that the
+  machine's drift (large on a small VM) reaches all of them alike; the
+  median is over the stretches."""
+  times: Dict[str, List[float]] = {name: [] for name in loops}
   turn = min(_TURN, steps)
   for _ in range(repeat):
     for _ in range(-(-steps // turn)):
-      for name, wait in waits.items():
+      for name, (step, wait) in loops.items():
         start = time.perf_counter()
         y = x
         for _ in range(turn):
@@ -150,8 +151,9 @@ def training_loop_rows(transports: List[str], steps: int, arrays: int,
       waits = {f"hcb[{t}]": lambda y: hcb.barrier_wait(), "no barrier": _noop,
                "block_until_ready": jax.block_until_ready}
       def loops(steps: int, repeat: int) -> Dict[str, float]:
-        return _in_mode(t, synchronous,
-                        lambda: _loop_times(step, x, steps, repeat, waits))
+        return _in_mode(t, synchronous, lambda: loop_times(
+            x, steps, repeat,
+            {name: (step, wait) for name, wait in waits.items()}))
       loops(steps=20, repeat=1)  # compile and warm up
       rows.append((scenario, "ms", loops(steps, repeat)))
   del held

@@ -330,6 +330,9 @@ def main(seconds: float, seed: int, transport: str,
   taps per fault for a long run); returns the exit status."""
   global TAPS_PER_STEP  # pylint: disable=global-statement
   TAPS_PER_STEP = taps_per_step
+  # Python leaves SIGINT ignored where it started ignored (a command run in
+  # the background by a shell): the soak's own SIGINTs must raise.
+  signal.signal(signal.SIGINT, signal.default_int_handler)
   jax.config.update("jax_host_callback_transport", transport)
   rng = random.Random(seed)
   counts = Counts()

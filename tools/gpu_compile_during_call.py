@@ -17,7 +17,10 @@ that compile for the GPU were blocked, on every transport and with
 Two more cases per transport ask what a user meets: the call's host
 function compiles and runs a new function itself ("own"), and a tap just
 before the call does ("tap before"; the call waits for that tap). "ok"
-means the computation finished; "HUNG" that its process outlived the wait.
+means the computation finished; "HUNG" that it outlived the wait, with
+every thread's stack. The "own" case also runs with `pure_callback` and
+`io_callback` (unordered and ordered): on an H200 (jax 0.11.2) it hung on
+both our transports and not with `pure_callback` (docs/gpu.md).
 """
 
 from __future__ import annotations
@@ -34,8 +37,11 @@ import time
 CALLS = ("native", "python", "pure_callback")
 WORK = ("compile_run", "run", "compile", "put", "cpu")
 # The cases where the host functions compile themselves: (call, where).
-OWN = tuple(itertools.product(CALLS, ("own",))) + (
-    ("native", "tap_before"), ("python", "tap_before"))
+# JAX's io_callback, ordered and not, tells whether a hang is ours or any
+# ordered callback's.
+OWN = tuple(itertools.product(
+    CALLS + ("io_callback", "io_callback_ordered"), ("own",))) + (
+        ("native", "tap_before"), ("python", "tap_before"))
 WAIT_SECONDS = 20
 AT_A_TIME = 4
 
@@ -48,6 +54,7 @@ def own_case(call: str, where: str) -> str:
   import jax.numpy as jnp  # pylint: disable=import-outside-toplevel
   import numpy as np  # pylint: disable=import-outside-toplevel
   import host_callback as hcb  # pylint: disable=import-outside-toplevel
+  from jax.experimental import io_callback  # pylint: disable=import-outside-toplevel
 
   # Where a case hangs, every thread's Python stack goes to stderr, which
   # main() prints.
@@ -61,6 +68,10 @@ def own_case(call: str, where: str) -> str:
   if call == "pure_callback":
     f = jax.jit(lambda v: jax.pure_callback(
         host, jax.ShapeDtypeStruct(v.shape, v.dtype), v))
+  elif call.startswith("io_callback"):
+    f = jax.jit(lambda v: io_callback(
+        host, jax.ShapeDtypeStruct(v.shape, v.dtype), v,
+        ordered=call.endswith("ordered")))
   else:
     jax.config.update("jax_host_callback_transport", call)
     if where == "own":

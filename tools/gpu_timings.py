@@ -19,13 +19,16 @@ from __future__ import annotations
 
 import os
 import time
-from typing import Callable, Dict, List, Tuple
+from typing import Callable, List, Tuple
 
 import jax
 import jax.numpy as jnp
 
 import host_callback as hcb
+from host_callback import settings
 from host_callback.tqdm import scan_tqdm
+
+from . import bench_barrier
 
 Row = Tuple[str, float, str]
 TRANSPORTS = ("native", "python")
@@ -131,11 +134,11 @@ def _step_of(size: int, products: int, tapped: bool) -> Callable:
   return step
 
 
-def training_rows(steps: int = 300, turn: int = 50) -> List[Row]:
+def training_rows(steps: int = 300) -> List[Row]:
   """ms per step of a loop of a ~1 ms step from Python: without a tap
   (and waiting for nothing, or for each step's output), and with a tap of
-  the loss and `barrier_wait()` after every step on each transport. The loops take turns every `turn` steps; medians over the
-  turns."""
+  the loss and `barrier_wait()` after every step on each transport
+  (`bench_barrier.loop_times`: the loops take turns, medians)."""
   size = 256 if jax.default_backend() == "cpu" else 2048
   x = jnp.ones((size, size), jnp.float32)
   one = _step_of(size, 1, False)
@@ -149,36 +152,23 @@ def training_rows(steps: int = 300, turn: int = 50) -> List[Row]:
   products = max(1, round(1e-3 / per_product))
   plain = _step_of(size, products, False)
   tapped = _step_of(size, products, True)
-  loops: Dict[str, Callable[[], None]] = {}
 
-  def loop(step: Callable, wait: Callable[[jax.Array], None]
-           ) -> Callable[[], None]:
-    def run():
-      y = x
-      for _ in range(turn):
-        _, y = step(y)
-        wait(y)
-      jax.block_until_ready(y)
-      hcb.barrier_wait()
-    return run
+  def on(transport: str) -> Callable:
+    def step(y):
+      with settings.transport(transport):
+        return tapped(y)
+    return step
 
-  loops["no tap, no barrier"] = loop(plain, _noop)
-  loops["no tap, block_until_ready every step"] = loop(
-      plain, jax.block_until_ready)
+  loops = {"no tap, no barrier": (plain, _noop),
+           "no tap, block_until_ready every step": (plain,
+                                                    jax.block_until_ready)}
   for transport in TRANSPORTS:
     loops[f"tap + barrier_wait() every step ({transport})"] = (
-        lambda t=transport: _with_transport(
-            t, lambda: loop(tapped, lambda y: hcb.barrier_wait())() or 0.0))
-  times: Dict[str, List[float]] = {name: [] for name in loops}
-  for run in loops.values():
-    run()  # compiles
-  for _ in range(max(1, steps // turn)):
-    for name, run in loops.items():
-      start = time.perf_counter()
-      run()
-      times[name].append(1e3 * (time.perf_counter() - start) / turn)
+        on(transport), lambda y: hcb.barrier_wait())
+  bench_barrier.loop_times(x, 20, 1, loops)  # compiles
+  times = bench_barrier.loop_times(x, steps, 1, loops)
   return [(f"~1 ms step ({products} products of {size}x{size}): {name}",
-           _median(t), "ms") for name, t in times.items()]
+           value, "ms") for name, value in times.items()]
 
 
 def main() -> None:
