@@ -45,14 +45,16 @@ def standin(tmp_path_factory):
 
 
 @pytest.mark.parametrize("scenario", [
-    "order", "bound", "failures", "barrier", "stop", "call", "exit_pending"])
+    "order", "bound", "failures", "barrier", "stop", "call", "large_calls",
+    "exit_pending"])
 def test_cuda_host_side(standin, scenario):
   """order: taps in flight land in order with their bytes, pool blocks are
   reused only after their copies, an idle landing thread burns no CPU;
   bound: the queue bound counts copies in flight; failures: a failing CUDA
   call is an error naming it, nothing left half-enqueued; barrier and stop
-  with copies pending; call: copy in, reply, copy out; exit_pending: the
-  interpreter exits with copies pending."""
+  with copies pending; call: copy in, reply, copy out; large_calls: calls
+  larger than the bound pin no new memory after the first; exit_pending:
+  the interpreter exits with copies pending."""
   env = dict(os.environ, HOST_CALLBACK_ALLOW_CUDA_STANDIN="1",
              JAX_PLATFORMS="cpu")
   done = subprocess.run(

@@ -283,6 +283,39 @@ def call(standin):
   assert standin.violations() == 0
 
 
+def large_calls(standin):
+  """Calls whose arguments and results together hold more than the queue
+  bound and its slack: the pool keeps both blocks, so that the calls after
+  the first pin no new host memory (pinning it again for each call made a
+  256 MiB call's round trip take 250 ms on an H200)."""
+  n = 20 << 20  # 80 MiB of float32 each way; the bound is 64 MiB
+  argument = np.arange(n, dtype=np.float32)
+  result = np.zeros(n, np.float32)
+  KEPT.extend([argument, result])
+
+  def one_call():
+    def consume():
+      (_, request, raw) = take_n(1)[0]
+      native.reply(request, [np.frombuffer(raw[HEADER:HEADER + 4 * n],
+                                           np.float32)])
+    consumer = threading.Thread(target=consume)
+    consumer.start()
+    native._testing_cuda_call(0, standin.stream, 8,
+                              [(argument.ctypes.data, argument.nbytes)],
+                              [(result.ctypes.data, result.nbytes)])
+    consumer.join(30)
+    settled(standin)
+
+  one_call()
+  pinned = standin.calls("cudaHostAlloc")
+  for _ in range(3):
+    one_call()
+  assert standin.calls("cudaHostAlloc") == pinned, (
+      standin.calls("cudaHostAlloc"), pinned)
+  np.testing.assert_array_equal(result, argument)
+  assert standin.violations() == 0
+
+
 def exit_pending(standin):
   """The interpreter exits with copies pending and the landing thread
   waiting for them: the process ends normally."""
@@ -293,7 +326,7 @@ def exit_pending(standin):
 
 
 SCENARIOS = {f.__name__: f for f in (order, bound, failures, barrier, stop,
-                                     call, exit_pending)}
+                                     call, large_calls, exit_pending)}
 
 if __name__ == "__main__":
   name, library = sys.argv[1:3]
