@@ -26,9 +26,10 @@ steps with each kind of tap, `scan_tqdm`, a ~1 ms training step with a
 tap and `barrier_wait()` every step); `tools.bench`'s rows that the GPU
 targets name (GPU_BENCH_ROWS); whether JAX can compile while a host
 function blocks a launch, on another thread or in the host functions
-themselves (tools/gpu_compile_during_call.py); and the hardware's own
+themselves (tools/gpu_compile_during_call.py); the hardware's own
 figures from the CUDA programs of ../shared/gpu/ (built with nvcc when it
-exists).
+exists); and the speed targets of docs/gpu.md, judged from those figures
+(tools/gpu_targets.py).
 Needs no network. Exits 0 when every check passed, 1 when one failed, and
 2 with a "no GPU" message where JAX has no CUDA backend (nothing
 validated). Once it passes on a GPU, `settings.CUDA_NATIVE_VALIDATED` may
@@ -48,7 +49,7 @@ import tempfile
 import time
 from typing import List, Optional, Tuple
 
-from . import gpu_timings
+from . import gpu_targets, gpu_timings
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 SHARED_GPU = os.path.join(os.path.dirname(ROOT), "shared", "gpu")
@@ -247,6 +248,8 @@ def main(argv: Optional[List[str]] = None) -> int:
   except (subprocess.SubprocessError, OSError) as error:
     hardware, note = [], f"the CUDA programs failed: {error}"
     checks.append(show(("hardware rows (../shared/gpu)", False, note)))
+  checks.extend(show(target)
+                for target in gpu_targets.target_checks(rows, bench, hardware))
   print(write_report())
   print(f"gpu_check: report written to {args.report}")
   failed = [name for name, ok, _ in checks if not ok]
