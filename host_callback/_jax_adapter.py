@@ -628,6 +628,7 @@ __all__ = [
     "forget_failed_runtime_tokens", "forget_runtime_tokens",
     "execute_without_arguments",
     "outside_the_program_mesh", "keep_alive_with_executable",
-    "thread_token", "tracing", "install_while_lowering", "install_scan_hoisting_guard",
+    "thread_token", "tracing", "install_while_lowering",
+    "install_scan_hoisting_guard",
     "install_top_level_rewrite", "scope_eqn", "lower_scope_body",
 ]

@@ -54,14 +54,6 @@ def _timed(run: Callable[[], None], repeat: int = 3) -> float:
   return _median(times)
 
 
-def _with_transport(transport: str, measure: Callable[[], float]) -> float:
-  jax.config.update("jax_host_callback_transport", transport)
-  try:
-    return measure()
-  finally:
-    jax.config.update("jax_host_callback_transport", "auto")
-
-
 def scan_rows(steps: int = 20000) -> List[Row]:
   """µs per step of a scan of tiny steps, with each kind of tap."""
   def scan(op):
@@ -81,10 +73,10 @@ def scan_rows(steps: int = 20000) -> List[Row]:
       i % 1000 == 0, lambda: (hcb.id_tap(_noop, i), None)[1], lambda: None)
   rows = [("scan step, no tap", scan(lambda x, i: None), "µs")]
   for transport in TRANSPORTS:
-    rows.append((f"+ id_tap every step ({transport})",
-                 _with_transport(transport, lambda: scan(tap)), "µs"))
-    rows.append((f"+ id_tap every 1000th step in a lax.cond ({transport})",
-                 _with_transport(transport, lambda: scan(rare)), "µs"))
+    with settings.transport(transport):
+      rows.append((f"+ id_tap every step ({transport})", scan(tap), "µs"))
+      rows.append((f"+ id_tap every 1000th step in a lax.cond ({transport})",
+                   scan(rare), "µs"))
   rows.append(("+ jax.debug.callback every step",
                scan(lambda x, i: jax.debug.callback(_noop, x)), "µs"))
   return rows
@@ -103,18 +95,14 @@ def bar_rows(steps: int = 20000) -> List[Row]:
       hcb.barrier_wait()
     return 1e3 * _timed(run)
 
-  def bar(print_rate):
-    return lambda body: scan_tqdm(steps, print_rate,
-                                  file=open(os.devnull, "w"))(body)
-
   rows = [(f"{steps}-step scan of a 16x16 matmul, no bar",
            scan_time(lambda body: body), "ms")]
   for transport in TRANSPORTS:
     for print_rate, label in ((None, "default rate"), (1, "print_rate=1")):
-      rows.append((f"... with scan_tqdm at the {label} ({transport})",
-                   _with_transport(transport,
-                                   lambda r=print_rate: scan_time(bar(r))),
-                   "ms"))
+      with settings.transport(transport):
+        bar = scan_tqdm(steps, print_rate, file=open(os.devnull, "w"))
+        rows.append((f"... with scan_tqdm at the {label} ({transport})",
+                     scan_time(bar), "ms"))
   return rows
 
 

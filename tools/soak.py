@@ -1,13 +1,15 @@
 """Soak test: a mixed host_callback workload for a given duration.
 
-    python -m tools.soak --minutes 10 [--transport native|python] [--threads N]
+    python -m tools.soak --minutes 10 [--transport native|python]
+        [--threads N]
     python -m tools.soak --chaos --seconds 60 [--seed N]  (see tools/chaos.py)
 
 Four Python threads (`--threads`) run, each on its own device where there
 are enough (4 CPU devices are forced; a GPU machine's default backend may
-have one, which the threads then share), each cycling through: a 1,000-step scan of sequence-numbered scalar taps, a
-100-step scan of f32[1000] taps, a 100-step scan of `call`s, and a single tap
-timed from dispatch to consumer (latency). At the end it prints how many taps
+have one, which the threads then share), each cycling through: a
+1,000-step scan of sequence-numbered scalar taps, a 100-step scan of
+f32[1000] taps, a 100-step scan of `call`s, and a single tap timed from
+dispatch to consumer (latency). At the end it prints how many taps
 were delivered, lost and reordered, tap latency p50/p99, and peak RSS.
 """
 

@@ -47,10 +47,10 @@ namespace hcb {
 // The queue number of CUDA device `ordinal`: host_callback/devices.py's
 // device_number of a GPU (past the CPU's numbers).
 constexpr int64_t kCudaQueueBase = int64_t{1} << 20;
+inline int64_t CudaQueueId(int64_t ordinal) { return kCudaQueueBase + ordinal; }
 
 // A `call` holds two pinned blocks at once: its arguments' and its results'.
 constexpr int64_t kBlocksPerCall = 2;
-inline int64_t CudaQueueId(int64_t ordinal) { return kCudaQueueBase + ordinal; }
 
 // A CUDA call that failed to give a pinned block (a bad_alloc for the pool,
 // with the failing call's message).
