@@ -14,7 +14,13 @@ set them right after it.
 from __future__ import annotations
 
 import importlib
+import importlib.metadata
 from typing import TYPE_CHECKING, Any
+
+try:  # one source: the version in setup.cfg, as installed
+  __version__ = importlib.metadata.version("host-callback")
+except importlib.metadata.PackageNotFoundError:  # a checkout on sys.path
+  __version__ = "unknown"
 
 __all__ = [
     "CallbackException", "CallbackFlavor", "Shard", "TapFunctionException",

@@ -9,8 +9,9 @@ reports before the summary.
 
 from __future__ import annotations
 
+import argparse
 import time
-from typing import Callable
+from typing import Callable, Optional, Sequence
 
 import jax
 import jax.numpy as jnp
@@ -32,7 +33,22 @@ def with_bar(step: Callable) -> Callable:
     return step
 
 
-def main() -> None:
+def parse_args(argv: Optional[Sequence[str]] = None) -> argparse.Namespace:
+  """`--help` says what the demo does; `--version` prints the version."""
+  parser = argparse.ArgumentParser(
+      prog="python -m host_callback",
+      description="Runs a demo: a jitted training loop (a lax.scan of "
+      f"{STEPS} gradient steps) that taps its loss to the host every step "
+      "with id_tap, prints every 50th step with id_print, shows a progress "
+      "bar when tqdm is installed, and waits with barrier_wait. It also "
+      "tells which transport this installation uses.")
+  parser.add_argument("--version", action="version",
+                      version=f"host-callback {hcb.__version__}")
+  return parser.parse_args(argv)
+
+
+def main(argv: Optional[Sequence[str]] = None) -> None:
+  parse_args(argv)
   losses: list[float] = []
 
   def record_loss(loss: np.ndarray, transforms: tuple) -> None:

@@ -181,9 +181,14 @@ def id_tap(tap_func: Callable[..., Any], arg: Any, *, result: Any = None,
   """Host-side tap: calls `tap_func(arg, transforms)` on the host.
 
   Behaves as the identity on `arg`, or returns `result` when one is given
-  (the tap still happens before `result` is used). The host function runs
-  asynchronously on a receiver thread, in the order the device executed the
-  taps; use `barrier_wait()` to wait for it.
+  (the tap still happens before `result` is used). Tap functions of one
+  device run one at a time, in the order the device executed the taps. In
+  the synchronous mode (the CPU default) the device waits for each: a
+  jitted call on one device returns after its taps ran, while `pmap` and a
+  sharded `jit` return at once and their taps run as they execute. In the
+  outfeed mode (`jax_host_callback_outfeed`, always on GPU and TPU) they run
+  later, on a receiver thread. Either way, `barrier_wait()` returns once
+  every tap dispatched before it has run.
 
   Args:
     tap_func: called as `tap_func(arg, transforms)` with `arg` as NumPy
@@ -442,6 +447,8 @@ def queue_statistics() -> Dict[Tuple[str, jax.Device], QueueStats]:
 
   Each `QueueStats` has `bytes_waiting`, `packets_waiting` (sent and not yet
   consumed), `high_water_bytes` (the most bytes ever waiting) and
-  `max_bytes` (the bound). An extension: the original had no such function.
+  `max_bytes` (the bound). Only the outfeed mode queues packets: with no
+  receiver running (the synchronous mode, or before the first tap) it
+  returns `{}`. An extension: the original had no such function.
   """
   return host_side.queue_statistics()

@@ -158,7 +158,7 @@ def _marker(name: str, device: int) -> Callable[[jax.Array, np.int32], Any]:
 def _compiled_marker(name: str, device: int) -> Any:
   """The marker of a transport, compiled for one local device. JAX calls
   it through its Python dispatch (a compiled executable with host
-  callbacks has no C++ call), about 0.5 ms on a GPU."""
+  callbacks has no C++ call), slow on a GPU (docs/gpu.md)."""
   on_device = zero_on(local_devices_by_number()[device])
   # The number is an int32 whatever jax_enable_x64 says when it is
   # compiled or run (_run_marker).

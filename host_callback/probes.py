@@ -17,11 +17,11 @@ shows once it has finished that every single-device computation that its
 thread dispatched before it on that device has finished, whatever its
 inputs waited for; when none is pending, it runs inline and has finished
 when its dispatch returns. A probe over two local devices shows it for the
-computations over several devices. This costs a dispatch per device (about
-3 µs on the 2-core VM: compiled once, a probe has no outputs and is
-dispatched without a jitted call's argument handling), and one more once a
-computation of ours over several devices was lowered (30-80 µs on 2
-cores: such a computation always runs on the client's threads).
+computations over several devices. This costs a dispatch per device
+(compiled once, a probe has no outputs and is dispatched without a jitted
+call's argument handling), and one more once a computation of ours over
+several devices was lowered, which goes through the client's threads: such
+a computation always runs there (docs/benchmarks.md's idle barrier rows).
 
 Probes are compiled outside any mesh the program set (`jax.set_mesh`),
 whose devices would conflict with theirs.
@@ -65,7 +65,7 @@ def _probe_on(device_number: int, readable: bool = False) -> Optional[Any]:
   computations are asynchronous, and nothing runs inline.
 
   The barrier's probe has no outputs, which makes it the cheapest to
-  dispatch (2.5 µs rather than 3.3 on the 2-core VM); with neither
+  dispatch (about a quarter less than with one); with neither
   arguments nor outputs, it runs on the default device, outside any mesh
   the caller set (which would place it on the mesh's devices). A
   `readable` one outputs an array, whose readiness can be read without

@@ -106,8 +106,10 @@ def _warn_native_missing() -> None:
   warnings.warn(
       "host_callback: the native transport was not built (no C++ compiler "
       "when host-callback was installed?), so the slower Python transport is "
-      "used. Reinstall with a C++17 compiler to get it, or set "
-      "JAX_HOST_CALLBACK_TRANSPORT=python to silence this warning.",
+      "used. Reinstall with a C++17 compiler to get it (pip shows the "
+      "build's messages only with -v: `pip install -v host-callback` says "
+      "why it was not built), or set JAX_HOST_CALLBACK_TRANSPORT=python to "
+      "silence this warning.",
       RuntimeWarning, stacklevel=2)
 
 

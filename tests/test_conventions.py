@@ -1,5 +1,6 @@
-"""Ecosystem conventions: type checkers see the hints (PEP 561), and the
-package logs what it chose and did under the `host_callback` logger."""
+"""Ecosystem conventions: type checkers see the hints (PEP 561), the
+package logs what it chose and did under the `host_callback` logger, has a
+`__version__`, and `python -m host_callback --help` says what it runs."""
 
 from __future__ import annotations
 
@@ -10,6 +11,7 @@ import sys
 
 import jax
 import jax.numpy as jnp
+import pytest
 
 import host_callback as hcb
 from host_callback import settings
@@ -61,3 +63,32 @@ def test_logs_the_transport_the_receiver_and_barriers(caplog, transport,
   assert "host_callback: receiver stopped" in messages
   assert any(f"{transport} queue of device 0: high water" in message
              for message in messages), messages
+
+
+def test_version_is_the_installed_distribution_s():
+  """One source: setup.cfg's version, as the installed metadata has it."""
+  import configparser  # pylint: disable=import-outside-toplevel
+  import importlib.metadata  # pylint: disable=import-outside-toplevel
+  config = configparser.ConfigParser()
+  config.read(ROOT / "setup.cfg")
+  assert hcb.__version__ == config["metadata"]["version"]
+  assert hcb.__version__ == importlib.metadata.version("host-callback")
+
+
+def _demo(*args: str) -> subprocess.CompletedProcess:
+  return subprocess.run([sys.executable, "-m", "host_callback", *args],
+                        capture_output=True, text=True, timeout=300,
+                        check=False)
+
+
+def test_demo_help_describes_it_without_running_it(transport):
+  if transport != "python":
+    pytest.skip("the command line does not depend on the transport")
+  shown = _demo("--help")
+  assert shown.returncode == 0, shown.stderr
+  assert shown.stdout.startswith("usage: python -m host_callback [-h]")
+  assert "Runs a demo: a jitted training loop" in shown.stdout
+  assert "host_callback demo on" not in shown.stdout  # it did not run
+  version = _demo("--version")
+  assert (version.returncode, version.stdout) == (
+      0, f"host-callback {hcb.__version__}\n")

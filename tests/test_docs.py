@@ -238,6 +238,53 @@ def test_codemod_example(tmp_path):
   assert path.read_text() == _marked_text(text, "codemod-output")
 
 
+# A time or a ratio: "12x", "1.5×", "20.5 µs", "0.5 ms", a range "30-80 µs"
+# (not "16x16").
+_FIGURE = r"(?<![\w.]){}(?!\w)"
+_STATED = _FIGURE.format(r"\d+(?:\.\d+)?(?:[-–]\d+(?:\.\d+)?)?"
+                         r"(?:x|×| µs| ms)")
+# Design constants that a page may state beside their names: they are
+# settings of the code, not measurements.
+_CONSTANTS = {"kBatchInterval": "2 ms", "kGuestGrace": "200 µs",
+              "kPollInterval": "50 ms"}
+
+
+def _sources_of_numbers() -> str:
+  """The pages measured figures come from: the benchmark page (CPU, one
+  run of `python -m tools.bench --write docs`) and the GPU page."""
+  return (DOCS / "benchmarks.md").read_text() + (DOCS / "gpu.md").read_text()
+
+
+def _unsourced(text: str, sources: str) -> List[str]:
+  """The figures `text` states that `sources` does not hold."""
+  missing = []
+  for line in text.splitlines():
+    allowed = {value for name, value in _CONSTANTS.items() if name in line}
+    missing += [number for number in re.findall(_STATED, line)
+                if number not in allowed and not re.search(
+                    _FIGURE.format(re.escape(number)), sources)]
+  return missing
+
+
+def _pages_and_docstrings() -> List[pathlib.Path]:
+  """Every page a user or contributor reads, and the package's sources
+  (docstrings and comments)."""
+  sources = {"benchmarks.md", "gpu.md"}
+  return ([ROOT / "README.md"]
+          + [p for p in sorted(DOCS.glob("*.md")) if p.name not in sources]
+          + sorted((ROOT / "host_callback").rglob("*.py"))
+          + sorted((ROOT / "receiver").rglob("*.py")))
+
+
+@pytest.mark.parametrize("path", _pages_and_docstrings(),
+                         ids=lambda p: str(p.relative_to(ROOT)))
+def test_every_stated_number_is_on_the_benchmark_pages(path):
+  """A time or ratio that README.md, docs/ or the package's docstrings state
+  is a figure of docs/benchmarks.md or docs/gpu.md, each from one run: no
+  page keeps a number of its own, to drift from the measurements."""
+  assert _unsourced(path.read_text(), _sources_of_numbers()) == []
+
+
 def test_readme_numbers_are_in_the_benchmark_summary():
   """Every time and ratio the README states is a figure of the summary of
   docs/benchmarks.md, which is generated from one run."""

@@ -132,6 +132,37 @@ def test_synchronous_mode_keeps_device_index_and_pmap_devices():
       (d.id, 2 * i) for i, d in enumerate(devices)]
 
 
+def test_pmap_returns_before_its_taps_and_the_barrier_waits_for_them(
+    both_modes):
+  """As the mode table says: a computation over several devices returns
+  before its taps ran, in either mode, and barrier_wait() waits for all."""
+  log = []
+  pmapped = jax.pmap(
+      lambda x: hcb.id_tap(_slow_append(log), x[0], result=x),
+      devices=cpu_devices(4))
+  pmapped(jnp.arange(4).reshape(4, 1))
+  assert len(log) < 4  # each tap function sleeps 0.2 s
+  hcb.barrier_wait()
+  assert sorted(log) == [0, 1, 2, 3]
+
+
+def test_queue_statistics_is_empty_until_the_outfeed_mode_is_used(
+    transport):
+  """As its docstring says: in the synchronous mode nothing is queued."""
+  done = run_python("""
+      import jax, jax.numpy as jnp
+      import host_callback as hcb
+      tap = jax.jit(lambda x: hcb.id_tap(lambda a, t: None, x))
+      tap(jnp.int32(1))
+      print(hcb.queue_statistics())
+      jax.config.update("jax_host_callback_outfeed", True)
+      tap(jnp.int32(1))
+      hcb.barrier_wait()
+      print(sorted(name for name, _ in hcb.queue_statistics()))
+      """, env={"JAX_HOST_CALLBACK_OUTFEED": None}, transport=transport)
+  assert done.stdout.splitlines() == ["{}", f"['{transport}']"], done.stderr
+
+
 @pytest.mark.parametrize("outfeed", [False, True])
 def test_a_call_never_overtakes_the_taps_before_it(outfeed):
   """A request may run its host function on the device thread, but only once
