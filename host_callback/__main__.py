@@ -18,7 +18,7 @@ import jax.numpy as jnp
 import numpy as np
 
 import host_callback as hcb
-from host_callback import native_handlers
+from host_callback import transport_policy
 from host_callback.tqdm import scan_tqdm
 
 STEPS = 200
@@ -74,7 +74,7 @@ def main(argv: Optional[Sequence[str]] = None) -> None:
   def train(params):
     return jax.lax.scan(step, params, jnp.arange(STEPS))
 
-  transport = native_handlers.transport_for_platform("cpu")
+  transport = transport_policy.for_platform("cpu")
   print(f"host_callback demo on {jax.devices()[0]} ({transport} transport)")
   start = time.perf_counter()
   (w, b), _ = train((jnp.float32(0.0), jnp.float32(0.0)))

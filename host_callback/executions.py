@@ -20,7 +20,7 @@ import jax
 from jax.extend.core import Primitive
 
 from . import _jax_adapter as adapter
-from . import native_handlers, per_device
+from . import per_device, transport_policy
 from ._jax_adapter import mlir
 from .receiver import transport_native
 
@@ -34,7 +34,7 @@ execution_mark_p.def_effectful_abstract_eval(lambda *, end: ([], {_EFFECT}))
 def counted(ctx: Any) -> bool:
   """Whether the computation being lowered counts its executions."""
   return (tuple(ctx.module_context.platforms) == ("cpu",) and
-          native_handlers.accepted("cpu"))
+          transport_policy.native_on_cpu())
 
 
 def _lower_mark_op(ctx: Any, *, end: bool) -> list:

@@ -17,7 +17,7 @@ import jax
 import numpy as np
 
 from . import _jax_adapter as adapter
-from . import native_handlers, settings
+from . import settings, transport_policy
 from .devices import device_by_number
 from .host_functions import HostFunction, Transforms, make_consumer
 from .receiver import (Consumer, PythonTransport, QueueStats, Runtime,
@@ -27,20 +27,9 @@ from .receiver import transport_native
 T = TypeVar("T")
 
 
-def native_available() -> bool:
-  """Whether the native transport was built, loads, and XLA took its CPU
-  handlers."""
-  return native_handlers.accepted("cpu")
-
-
-def available_transports() -> List[str]:
-  """The transports this installation can use."""
-  return ["python", "native"] if native_available() else ["python"]
-
-
 def _make_transports() -> Dict[str, Transport]:
   transports: Dict[str, Transport] = {"python": PythonTransport()}
-  if native_available():
+  if transport_policy.native_on_cpu():
     transports["native"] = transport_native.NativeTransport()
   return transports
 
@@ -251,7 +240,8 @@ def _left_undelivered() -> str:
       f"{count} {'tap or call' if count == 1 else 'taps or calls'} on "
       f"device {device_id} ({name} transport)"
       for (name, device_id), count in runtime.undelivered().items())
-  running = transport_native.executions()[1] if native_available() else 0
+  running = (transport_native.executions()[1]
+             if transport_policy.native_on_cpu() else 0)
   return (f"host_callback: Ctrl-C ended the drain at exit; left undelivered: "
           f"{queued or 'nothing queued'}; device executions still running: "
           f"{running}\n")

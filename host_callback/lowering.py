@@ -22,8 +22,8 @@ from typing import Any, Callable, List, Sequence
 import jax
 
 from . import _jax_adapter as adapter
-from . import (host_side, lowering_native, lowering_python, native_handlers,
-               partitioned, settings)
+from . import (host_side, lowering_native, lowering_python, partitioned,
+               settings, transport_policy)
 from .devices import device_number
 from .host_functions import HostFunction, Transforms
 from .lowering_kinds import Kind, wire_dtype
@@ -39,13 +39,11 @@ def is_synchronous(ctx: Any) -> bool:
 
 
 def transport_for(ctx: Any) -> str:
-  """The transport of this lowering, for its one platform (CPU, or CUDA
-  when chosen and XLA took the handlers, see
-  `native_handlers.transport_for_platform`); Python otherwise."""
+  """The transport of this lowering: `transport_policy`'s for its one
+  platform; Python for a lowering for several platforms."""
   platforms = tuple(ctx.module_context.platforms)
-  if (len(platforms) == 1 and
-      native_handlers.transport_for_platform(platforms[0]) == "native"):
-    return "native"
+  if len(platforms) == 1:
+    return transport_policy.for_platform(platforms[0])
   return "python"
 
 

@@ -17,7 +17,6 @@ from typing import Optional
 
 import jax
 
-from . import settings
 from .receiver import transport_native
 
 _FIX = ("install a host-callback release that supports the installed jaxlib "
@@ -57,12 +56,3 @@ def _refusal(platform: str) -> Optional[str]:
     return reason
   return None
 
-
-def transport_for_platform(platform: str) -> str:
-  """The transport of a computation for `platform`: the one the settings
-  choose (`settings.transport_for_platform`), or 'python' where XLA refused
-  the native handlers."""
-  name = settings.transport_for_platform(platform, transport_native.available())
-  if name == "native" and not accepted(platform):
-    return "python"
-  return name

@@ -34,9 +34,8 @@ from typing import Any, Callable, Generic, Iterator, Optional, Tuple, TypeVar
 import jax
 import jax.numpy as jnp
 
-from . import api, settings
+from . import api, transport_policy
 from .progress import Loop, Tap
-from .receiver import transport_native
 
 __all__ = ["PBar", "loop_tqdm", "scan_tqdm", "while_tqdm"]
 
@@ -124,10 +123,6 @@ def _tracing_body(loop: Loop) -> Iterator[None]:
     loops.pop()
 
 
-# Where a bar may tap every step: the platforms of the native transport.
-_NATIVE_PLATFORMS = ("cpu", "cuda")
-
-
 def _taps_every_step(platform: str) -> bool:
   """Whether a bar lowered for `platform` taps every step and leaves the
   host to draw the steps it shows, rather than skip steps in a `lax.cond`:
@@ -137,11 +132,12 @@ def _taps_every_step(platform: str) -> bool:
 
   Read at trace time, when `lax.platform_dependent` takes its branches: the
   transport setting is part of JAX's trace and jit cache keys. It asks the
-  settings, not XLA, so that tracing registers no CUDA handlers; where XLA
-  refuses them (and warns), the op lowers on the Python transport and the
-  bar still taps every step, which is slower but draws the same."""
-  return platform != "cpu" and settings.transport_for_platform(
-      platform, transport_native.available()) == "native"
+  policy without registering the handlers, so that tracing registers no
+  CUDA handlers; where XLA refuses them (and warns), the op lowers on the
+  Python transport and the bar still taps every step, which is slower but
+  draws the same."""
+  return platform != "cpu" and transport_policy.for_platform(
+      platform, register=False) == "native"
 
 
 class _Taps:
@@ -171,7 +167,8 @@ class _Taps:
     def shown() -> None:
       jax.lax.cond(self.loop.shows(i), every, lambda: None)
 
-    branches = {platform: every for platform in _NATIVE_PLATFORMS
+    branches = {platform: every
+                for platform in transport_policy.NATIVE_PLATFORMS
                 if _taps_every_step(platform)}
     if branches:
       jax.lax.platform_dependent(default=shown, **branches)

@@ -27,10 +27,10 @@ import jax  # noqa: E402  (after XLA_FLAGS)
 import pytest  # noqa: E402
 
 import host_callback as hcb  # noqa: E402
-from host_callback import host_side, settings  # noqa: E402
+from host_callback import settings, transport_policy  # noqa: E402
 
 
-@pytest.fixture(autouse=True, params=host_side.available_transports())
+@pytest.fixture(autouse=True, params=transport_policy.available_on_cpu())
 def transport(request):
   """Runs the test with `jax_host_callback_transport` set to each transport,
   in the synchronous mode unless the test asks for another (above)."""

@@ -14,7 +14,7 @@ import jax.numpy as jnp
 import pytest
 
 import host_callback as hcb
-from host_callback import settings
+from host_callback import transport_policy
 from helpers import needs_cpu_default_backend
 
 ROOT = pathlib.Path(__file__).resolve().parent.parent
@@ -45,7 +45,7 @@ def test_logs_the_transport_the_receiver_and_barriers(caplog, transport,
                                                       outfeed_mode):
   needs_cpu_default_backend("checks the logs of the CPU transports")
   hcb.stop_outfeed_receiver()
-  settings._log_choice.cache_clear()  # logged once per choice and reason
+  transport_policy._log_choice.cache_clear()  # logged once per choice
   caplog.set_level(logging.DEBUG, logger="host_callback")
   got = []
   jax.jit(lambda x: hcb.id_tap(lambda a, _: got.append(int(a)), x))(

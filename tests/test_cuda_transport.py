@@ -89,21 +89,3 @@ def test_cuda_runtime_not_found_is_a_clear_error():
     native_library.load_cuda_runtime()
   except RuntimeError as error:
     assert "libcudart" in str(error) and "jax[cuda12]" in str(error)
-
-
-@pytest.mark.parametrize("chosen, validated, expected", [
-    ("auto", False, "python"), ("auto", True, "native"),
-    ("native", False, "native"), ("python", True, "python")])
-def test_cuda_transport_policy(chosen, validated, expected):
-  """On a CUDA backend `auto` keeps JAX's callbacks until the CUDA part is
-  validated on a GPU; `native` selects it; CPU is unchanged."""
-  from host_callback import settings  # pylint: disable=import-outside-toplevel
-  jax.config.update("jax_host_callback_transport", chosen)
-  try:
-    assert settings.transport_for_platform("cuda", True, validated) == expected
-    assert settings.transport_for_platform("rocm", True, validated) == "python"
-    assert settings.transport_for_platform("cpu", True, validated) == (
-        "python" if chosen == "python" else "native")
-  finally:
-    jax.config.update("jax_host_callback_transport", "auto")
-  assert not settings.CUDA_NATIVE_VALIDATED  # until tools.gpu_check passed

@@ -19,7 +19,7 @@ import pytest
 from jax.sharding import NamedSharding, PartitionSpec as P
 
 import host_callback as hcb
-from host_callback import host_side, settings
+from host_callback import host_side, transport_policy
 from host_callback.receiver import native_library
 from helpers import (barrier_report, cpu_devices, needs_cpu_default_backend,
                      wait_until)
@@ -63,11 +63,11 @@ def _run_in_thread(computation):
 def test_native_is_built_and_chosen_on_cpu(transport):
   needs_cpu_default_backend("checks the transport chosen on CPU")
   if transport == "python":
-    assert settings.transport_name(False) == "python"
+    assert transport_policy.for_platform("cpu") == "python"
     return
   assert native_library.available()
   jax.config.update("jax_host_callback_transport", "auto")
-  assert settings.transport_name(host_side.native_available()) == "native"
+  assert transport_policy.for_platform("cpu") == "native"
 
 
 def test_native_is_a_python_extension_module():

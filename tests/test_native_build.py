@@ -66,7 +66,7 @@ _REFUSED = """
 
     jax.ffi.register_ffi_target = refuse  # as a jaxlib too old for the build
     import host_callback as hcb
-    from host_callback import host_side
+    from host_callback import host_side, transport_policy
 
     seen = []
     with warnings.catch_warnings(record=True) as caught:
@@ -78,7 +78,7 @@ _REFUSED = """
           return hcb.call(lambda v: v + 1, x, result_shape=x)
         out = step(jnp.arange(3.0))
       hcb.barrier_wait()
-    print(out.tolist(), seen, host_side.native_available(),
+    print(out.tolist(), seen, transport_policy.native_on_cpu(),
           sorted(host_side.runtime.transports()))
     for warning in caught:
       print(warning.category.__name__, warning.message)

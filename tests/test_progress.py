@@ -18,7 +18,8 @@ import tqdm.notebook
 import tqdm.std
 
 import host_callback as hcb
-from host_callback import lowering, lowering_native, native_handlers, settings
+from host_callback import (lowering, lowering_native, native_handlers,
+                           transport_policy)
 from host_callback.receiver import transport_native
 from host_callback.tqdm import PBar, loop_tqdm, scan_tqdm, while_tqdm
 from helpers import (OUTFEED, barrier_report, cpu_devices,
@@ -643,7 +644,7 @@ def test_gpu_bars_on_the_native_transport_tap_every_step(
   if not transport_native.available():
     pytest.skip("the native transport is not built")
   jax.config.update("jax_host_callback_transport", chosen)
-  monkeypatch.setattr(settings, "CUDA_NATIVE_VALIDATED", validated)
+  monkeypatch.setattr(transport_policy, "CUDA_NATIVE_VALIDATED", validated)
   # Nothing runs: the CUDA handlers need not be registered (that needs
   # libcudart), and the op of JAX's own callbacks, which lowers only for a
   # backend of this process, may be the native one's.

@@ -48,7 +48,7 @@ from jax.experimental import io_callback  # noqa: E402
 from jax.sharding import NamedSharding, PartitionSpec as P  # noqa: E402
 
 import host_callback as hcb  # noqa: E402
-from host_callback import host_side  # noqa: E402
+from host_callback import transport_policy  # noqa: E402
 from host_callback.tqdm import scan_tqdm  # noqa: E402
 from tools import bench_barrier  # noqa: E402
 
@@ -289,7 +289,7 @@ def _synchronous(measure: Callable[[], float]) -> Callable[[], float]:
 def collect_barrier(quick: bool, repeat: int, only: str = "") -> List[Row]:
   """The barrier rows (tools/bench_barrier.py) whose scenario matches
   `only`; they must run before any other row."""
-  transports = host_side.available_transports()
+  transports = transport_policy.available_on_cpu()
   scale = 10 if quick else 1
   wanted = lambda scenario: bool(re.search(only, scenario))  # noqa: E731
   # The loop first: it taps on one device, as most training loops do.
@@ -301,7 +301,7 @@ def collect_barrier(quick: bool, repeat: int, only: str = "") -> List[Row]:
 
 def collect(quick: bool, repeat: int, only: str = "") -> List[Row]:
   """The rows whose scenario matches the regular expression `only`."""
-  transports = host_side.available_transports()
+  transports = transport_policy.available_on_cpu()
   scale = 10 if quick else 1
   rows: List[Row] = []
 

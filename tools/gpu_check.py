@@ -32,7 +32,7 @@ exists); and the speed targets of docs/gpu.md, judged from those figures
 (tools/gpu_targets.py).
 Needs no network. Exits 0 when every check passed, 1 when one failed, and
 2 with a "no GPU" message where JAX has no CUDA backend (nothing
-validated). Once it passes on a GPU, `settings.CUDA_NATIVE_VALIDATED` may
+validated). Once it passes on a GPU, `transport_policy.CUDA_NATIVE_VALIDATED` may
 be set to True.
 """
 

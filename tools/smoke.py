@@ -20,11 +20,11 @@ import textwrap
 _CHECK = textwrap.dedent("""
     import jax, jax.numpy as jnp, numpy as np
     import host_callback as hcb
-    from host_callback import native_handlers
+    from host_callback import transport_policy
     from host_callback.receiver import native_library
 
     assert native_library.available(), "the native module is not installed"
-    assert native_handlers.transport_for_platform("cpu") == "native"
+    assert transport_policy.for_platform("cpu") == "native"
     seen = []
 
     @jax.jit
