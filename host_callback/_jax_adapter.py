@@ -475,7 +475,7 @@ def thread_token(ctx: Any, token: Any) -> None:
 # effects from `jaxpr.effects`; checked against jax 0.10.2, where it takes a
 # ClosedJaxpr, and 0.12.0.1, where it takes an open Jaxpr).
 
-def install_top_level_rewrite(rewrite: Callable[[Any], Any],
+def _install_top_level_rewrite(rewrite: Callable[[Any], Any],
                               applies: Callable[[Any], bool]) -> None:
   """Lowers every jit's top-level jaxpr `j` for which `applies(j)` holds as
   `rewrite(j)` instead; `rewrite` is cached per jaxpr, so JAX's own lowering
@@ -503,7 +503,7 @@ def scope_eqn(top_jaxpr: Any, primitive: Any, effects: Any) -> Any:
   closed_type = getattr(_core, "ClosedJaxpr", None)
   closed = closed_type is not None and isinstance(top_jaxpr, closed_type)
   # A copy when `top_jaxpr` is open: the result, cached weakly keyed on
-  # `top_jaxpr` (install_top_level_rewrite), must not hold its key, or the
+  # `top_jaxpr` (_install_top_level_rewrite), must not hold its key, or the
   # entry, and the host functions in it, would outlive the jaxpr.
   jaxpr = top_jaxpr.jaxpr if closed else top_jaxpr.replace()
   outvars = [_core.Var(v.aval) for v in jaxpr.outvars]
@@ -579,7 +579,7 @@ def _while_lowering(ctx: Any, *args: Any, cond_jaxpr: Any, body_jaxpr: Any,
   return mlir.lower_fun(fun, multiple_results=True)(ctx, *args)
 
 
-def install_scan_hoisting_guard() -> None:
+def _install_scan_hoisting_guard() -> None:
   """Keeps taps in the loop when differentiating a `scan` (and so a
   `fori_loop` with static bounds).
 
@@ -609,10 +609,38 @@ def install_scan_hoisting_guard() -> None:
   _loops._scan_known_hoisting = hoist_unless_tapping
 
 
-def install_while_lowering() -> None:
+def _install_while_lowering() -> None:
   """Registers `_while_lowering` for `while_p` on every platform. Checked
   against jax 0.10.2 and 0.12.0.1."""
   mlir.register_lowering(_loops.while_p, _while_lowering)
+
+
+# --- Every patch of JAX's internals, in one place ---
+
+# (what it patches, why, the JAX versions it was checked against)
+PATCHES = (
+    ("jax._src.interpreters.pxla._cached_lowering_to_hlo (wrapped)",
+     "our ordering token: a jit's top-level jaxpr with our effect lowers as "
+     "one effect-free scope, so the computation keeps JAX's C++ dispatch",
+     "0.10.2, 0.12.0.1"),
+    ("jax._src.lax.control_flow.loops._scan_known_hoisting (wrapped)",
+     "taps stay in a scan's body under grad instead of being hoisted out",
+     "0.10.2, 0.12.0.1"),
+    ("the lowering rule of jax._src.lax.control_flow.loops.while_p "
+     "(replaced, every platform)",
+     "a tap in a batched while predicate shows the carry as it is",
+     "0.10.2, 0.12.0.1"),
+)
+
+
+def install_patches(rewrite: Callable[[Any], Any],
+                    applies: Callable[[Any], bool]) -> None:
+  """Installs every patch that PATCHES lists, once: the top-level rewrite
+  (`rewrite` of each jit's top-level jaxpr for which `applies` holds), the
+  scan hoisting guard and the while lowering."""
+  _install_top_level_rewrite(rewrite, applies)
+  _install_scan_hoisting_guard()
+  _install_while_lowering()
 
 
 __all__ = [
@@ -628,7 +656,6 @@ __all__ = [
     "forget_failed_runtime_tokens", "forget_runtime_tokens",
     "execute_without_arguments",
     "outside_the_program_mesh", "keep_alive_with_executable",
-    "thread_token", "tracing", "install_while_lowering",
-    "install_scan_hoisting_guard",
-    "install_top_level_rewrite", "scope_eqn", "lower_scope_body",
+    "thread_token", "tracing", "install_patches", "PATCHES", "scope_eqn",
+    "lower_scope_body",
 ]

@@ -59,7 +59,7 @@ def _lower(ctx: Any, *args: Any, jaxpr: Any) -> List[Any]:
 mlir.register_lowering(host_callback_scope_p, _lower, cacheable=False)
 
 
-def _needs_scope(top_jaxpr: Any) -> bool:
+def needs_scope(top_jaxpr: Any) -> bool:
   """Whether `top_jaxpr` has our effect; raises when some of its taps could
   not be ordered."""
   _check_threadable(getattr(top_jaxpr, "jaxpr", top_jaxpr))
@@ -88,11 +88,9 @@ def _check_threadable(jaxpr: Any) -> None:
         f"of `{dropping[0]}`, or use jax.debug.callback there.")
 
 
-def _scoped(top_jaxpr: Any) -> Any:
+def scoped(top_jaxpr: Any) -> Any:
   """The top-level jaxpr as one scope equation without our effect."""
   jaxpr = getattr(top_jaxpr, "jaxpr", top_jaxpr)
   return adapter.scope_eqn(top_jaxpr, host_callback_scope_p,
                            _other_effects(jaxpr))
 
-
-adapter.install_top_level_rewrite(_scoped, _needs_scope)

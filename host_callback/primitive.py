@@ -17,8 +17,7 @@ import jax
 from jax.extend.core import Primitive
 
 from . import _jax_adapter as adapter
-# ordering: the token that keeps the op in order, set up when imported.
-from . import eager, lowering, ordering, settings  # noqa: F401
+from . import eager, lowering, ordering, settings
 from ._jax_adapter import ad, batching, mlir
 from .host_functions import HostFunction, Transforms
 
@@ -228,8 +227,10 @@ def _partial_eval_custom(saveable, unknowns_in, instantiated_in, eqn):
 adapter.register_partial_eval_custom_rule(host_callback_p, _partial_eval_custom)
 
 
-adapter.install_while_lowering()  # taps in a batched while predicate
-adapter.install_scan_hoisting_guard()  # taps stay in loops under grad
+# Every patch of JAX's internals (_jax_adapter.PATCHES): the ordering
+# token's top-level scope, taps in a batched while predicate, taps that stay
+# in loops under grad.
+adapter.install_patches(ordering.scoped, ordering.needs_scope)
 
 
 # --- lowering: where the op runs, then the transport's op (lowering.py) ---

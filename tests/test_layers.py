@@ -98,3 +98,20 @@ def test_the_jax_side_reaches_the_native_module_through_its_transport():
       if isinstance(node, ast.ImportFrom) and node.module == "receiver":
         names = {alias.name for alias in node.names}
         assert "native_library" not in names, path.name
+
+
+def test_every_patch_of_jax_is_listed_and_installed():
+  """`_jax_adapter.PATCHES` lists each patch of JAX's internals with the
+  versions it was checked against, and importing the package installs
+  each one."""
+  import host_callback.primitive  # noqa: F401  pylint: disable=import-outside-toplevel,unused-import
+  from host_callback import _jax_adapter  # pylint: disable=import-outside-toplevel
+  from jax._src.interpreters import pxla  # pylint: disable=import-outside-toplevel
+  from jax._src.lax.control_flow import loops  # pylint: disable=import-outside-toplevel
+  assert len(_jax_adapter.PATCHES) == 3
+  assert all(len(patch) == 3 and all(patch) for patch in _jax_adapter.PATCHES)
+  assert pxla._cached_lowering_to_hlo._host_callback_rewrite
+  assert loops._scan_known_hoisting._host_callback_guard
+  entry = _jax_adapter.mlir._lowerings[loops.while_p]
+  # A LoweringRuleEntry in jax 0.10, the rule itself in earlier versions.
+  assert getattr(entry, "rule", entry) is _jax_adapter._while_lowering
