@@ -375,7 +375,7 @@ def test_auto_axes_a_partitioned_call_of_a_constrained_2d_value():
                   in _expected_shards(value + 1, blocks).items()}
 
 
-def test_auto_axes_taps_keep_each_device_order():
+def test_auto_axes_constrained_taps_keep_each_device_order_in_loops():
   mesh = _auto_mesh((4,), ("d",))
   sharding = NamedSharding(mesh, P("d"))
   x = jax.device_put(jnp.zeros(4), sharding)
@@ -389,14 +389,18 @@ def test_auto_axes_taps_keep_each_device_order():
   def step(v):
     v = tap(v + 1)
     v, _ = jax.lax.scan(lambda c, _: (tap(c + 1), None), v, None, length=3)
-    return tap(jax.lax.cond(True, lambda c: c * 10, lambda c: c, v))
+    v = tap(jax.lax.cond(True, lambda c: c * 10, lambda c: c, v))
+    _, v = jax.lax.while_loop(lambda c: c[0] < 1,
+                              lambda c: (c[0] + 1, tap(c[1] + 1)), (0, v))
+    return jax.jit(tap)(v + 100)
 
   step(x)
   hcb.barrier_wait()
   got = record.by_device()
   assert sorted(got) == sorted(d.id for d in mesh.devices.flat)
   for entries in got.values():
-    assert [e[0] for e in entries] == [[1.], [2.], [3.], [4.], [40.]]
+    assert [e[0] for e in entries] == [[1.], [2.], [3.], [4.], [40.],
+                                       [41.], [141.]]
 
 
 def test_auto_axes_a_result_leaf_passes_by_whatever_its_sharding():
