@@ -34,7 +34,9 @@ from jax._src.interpreters import partial_eval as _pe
 from jax._src.interpreters import pxla as _pxla
 from jax._src.lax.control_flow import loops as _loops
 from jax._src.lib import xla_client as _xla_client
+from jax._src.lib.mlir import ir as _ir
 from jax._src.lib.mlir.dialects import hlo  # StableHLO op builders
+from jax._src.lib.mlir.dialects import sdy as _sdy
 
 SUPPORTED = ">=0.10,<0.13"
 
@@ -55,6 +57,8 @@ _REQUIRED = {
     _mlir: ("set_sharding", "wrap_with_sharding_op", "jaxpr_subcomp",
             "TokenSet"),
     _pxla: ("_cached_lowering_to_hlo",),
+    _sdy: ("TensorShardingAttr", "DimensionShardingAttr", "AxisRefAttr",
+           "MeshAttr", "MeshAxisAttr"),
     _util: ("weakref_lru_cache",),
     pe: ("partial_eval_jaxpr_custom_rules",),
     _pe: ("RecomputeType",),
@@ -305,6 +309,82 @@ def sharded_devices(ctx: Any) -> Optional[Tuple[Any, ...]]:
       and axis_context.num_devices > 1):
     return axis_context.device_assignment
   return None
+
+
+def context_mesh(ctx: Any) -> Any:
+  """The abstract mesh of the automatically sharded computation being
+  lowered, or None (jax._src.sharding_impls.ShardingContext.abstract_mesh).
+  Checked against jax 0.10.2."""
+  mesh = getattr(ctx.module_context.axis_context, "abstract_mesh", None)
+  return mesh if mesh is not None and mesh.axis_names else None
+
+
+def annotated_spec(ctx: Any, value: Any,
+                   mesh: Any) -> Optional[jax.sharding.PartitionSpec]:
+  """The PartitionSpec over `mesh` that the module being lowered fixes for
+  `value`, where the partitioner cannot choose another: the Shardy
+  `sdy.sharding` of an argument of the jit (its input sharding) or of an
+  `sdy.sharding_constraint` (`jax.lax.with_sharding_constraint`), every
+  dimension closed. None for any other value (its sharding is chosen when
+  XLA compiles), and under GSPMD (`jax_use_shardy_partitioner=False`).
+
+  Reads the MLIR module through jax._src.lib.mlir.ir and
+  jax._src.lib.mlir.dialects.sdy. Checked against jax 0.10.2."""
+  attr = _sharding_attr(value)
+  if attr is None:
+    return None
+  sharding = _sdy.TensorShardingAttr(attr)
+  if (list(sharding.unreduced_axes) or
+      _mesh_axes(ctx, sharding.mesh_or_ref) !=
+      tuple(zip(mesh.axis_names, mesh.axis_sizes))):
+    return None
+  dims: List[Any] = []
+  for dim in map(_sdy.DimensionShardingAttr, sharding.dimension_shardings):
+    axes = list(map(_sdy.AxisRefAttr, dim.axes))
+    if not dim.is_closed or any(a.sub_axis_info is not None for a in axes):
+      return None
+    names = tuple(a.name for a in axes)
+    dims.append(names[0] if len(names) == 1 else (names or None))
+  return jax.sharding.PartitionSpec(*dims)
+
+
+def _sharding_attr(value: Any) -> Any:
+  """The `sdy.sharding` attribute that fixes `value`'s sharding: that of a
+  function argument or of a sharding constraint; None otherwise."""
+  owner = value.owner
+  if isinstance(owner, _ir.Block):
+    function = owner.owner
+    if (function.operation.name != "func.func" or
+        "arg_attrs" not in function.attributes):
+      return None
+    number = _ir.BlockArgument(value).arg_number
+    attrs = _ir.DictAttr(_ir.ArrayAttr(function.attributes["arg_attrs"])[number])
+    return attrs["sdy.sharding"] if "sdy.sharding" in attrs else None
+  if owner.operation.name == "sdy.sharding_constraint":
+    return owner.attributes["sharding"]
+  return None
+
+
+def _mesh_axes(ctx: Any, mesh_or_ref: Any) -> Tuple[Tuple[str, int], ...]:
+  """The (name, size) axes of the `sdy.mesh` that `mesh_or_ref` names in the
+  module being lowered (or of the mesh itself); () for a mesh with its own
+  device order, whose shards JAX's meshes do not describe."""
+  mesh_attr = None
+  if _sdy.MeshAttr.isinstance(mesh_or_ref):
+    mesh_attr = mesh_or_ref
+  else:
+    name = _ir.FlatSymbolRefAttr(mesh_or_ref).value
+    for op in ctx.module_context.module.body.operations:
+      if (op.operation.name == "sdy.mesh" and
+          _ir.StringAttr(op.attributes["sym_name"]).value == name):
+        mesh_attr = op.attributes["mesh"]
+  if mesh_attr is None:
+    return ()
+  mesh_attr = _sdy.MeshAttr(mesh_attr)
+  if list(mesh_attr.device_ids):
+    return ()
+  return tuple((axis.name, axis.size)
+               for axis in map(_sdy.MeshAxisAttr, mesh_attr.axes))
 
 
 def set_token_op_sharding(ctx: Any, op: Any, place: ExecutionPlace,
@@ -651,7 +731,8 @@ __all__ = [
     "hold_weakly_in_jax_caches", "remat_saves", "ExecutionPlace",
     "execution_place", "check_device_index", "op_sharding",
     "emit_python_callback", "replicate_results", "abstract_token",
-    "device_count", "sharded_devices", "set_token_op_sharding",
+    "device_count", "sharded_devices", "context_mesh", "annotated_spec",
+    "set_token_op_sharding",
     "set_per_device_sharding", "run_to_completion_at_dispatch",
     "forget_failed_runtime_tokens", "forget_runtime_tokens",
     "execute_without_arguments",

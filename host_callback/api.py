@@ -208,9 +208,12 @@ def id_tap(tap_func: Callable[..., Any], arg: Any, *, result: Any = None,
       the computation; keep `np.array(a)` instead). An extension: the
       original had no such keyword.
     partitioned: under a sharded `jit`, each device calls `tap_func` with
-      its own shard of `arg` (as JAX shards it at trace time: a mesh with
-      explicit axes), and nothing is gathered; `device_index` is then
-      unused. Elsewhere the whole value, as without it. An extension, the
+      its own shard of `arg`, and nothing is gathered; `device_index` is
+      then unused. Each leaf is sent as sharded: on a mesh with explicit
+      axes, as its type says; on one with automatic axes, as the jit fixes
+      it (an input's sharding, or `jax.lax.with_sharding_constraint`'s), a
+      `ValueError` at trace time naming the fix where the partitioner
+      would choose it. Elsewhere the whole value, as without it. An extension, the
       keyword of `jax.debug.callback`.
     tap_with_shard: also pass `shard=`, a `host_callback.Shard` saying
       where the shard lies in the global value (the whole value where it is

@@ -3,12 +3,16 @@ code: each device sends its own shard of the operands, and nothing is
 gathered.
 
 The op is lowered inside a shard_map over the operands' mesh whose
-in_specs are the operands' own shardings, as JAX knows them at trace time
-(the avals' `NamedSharding`, which meshes with explicit axes give, the
-default of `jax.make_mesh`): the partitioner has nothing to move, so the
-compiled program holds no collective for the op. Under a mesh with
-automatic axes JAX does not know the shardings when it traces, so a
-partitioned op is refused there with an error that names the fix.
+in_specs are the operands' own shardings, so that the partitioner has
+nothing to move and the compiled program holds no collective for the op.
+On a mesh with explicit axes (`jax.make_mesh`'s default) JAX knows them
+when it traces (the avals' `NamedSharding`). On a mesh with automatic axes
+(`jax.sharding.Mesh`'s default) the partitioner chooses them when XLA
+compiles, except where the jit fixes them, which the tap then follows: an
+input's sharding, or a sharding constraint's
+(`_jax_adapter.annotated_spec` reads them from the module being lowered).
+An operand whose sharding is left to the partitioner is refused, with an
+error that names the fix.
 
 A host function that asks for it (`tap_with_shard=True`, or
 `call_with_shard=True`) gets `shard=`, a `host_functions.Shard` that says
@@ -25,6 +29,7 @@ from typing import Any, Callable, List, Sequence, Tuple
 import jax
 import numpy as np
 
+from . import _jax_adapter as adapter
 from .devices import device_number
 from .host_functions import (HostFunction, Part, ShardTable, Transforms,
                              interned)
@@ -33,9 +38,34 @@ from .per_device import lower_on_each_device
 P = jax.sharding.PartitionSpec
 
 
-def _mesh_and_specs(avals: Sequence[Any], api: str) -> Tuple[Any, List[Any]]:
-  """The abstract mesh the operands are sharded over and each one's
-  PartitionSpec; ValueError where JAX does not know them."""
+def _mesh_and_specs(ctx: Any, values: Sequence[Any], avals: Sequence[Any],
+                    api: str) -> Tuple[Any, List[Any]]:
+  """The abstract mesh the sent operands are sharded over and each one's
+  PartitionSpec: their types' on a mesh with explicit axes, else what the
+  jit fixes for them (`_jax_adapter.annotated_spec`); ValueError where
+  neither tells."""
+  mesh = _one_mesh(ctx, avals, api)
+  if all(t == jax.sharding.AxisType.Explicit for t in mesh.axis_types):
+    return mesh, [aval.sharding.spec for aval in avals]
+  specs = [adapter.annotated_spec(ctx, value, mesh) for value in values]
+  unknown = [str(i) for i, spec in enumerate(specs) if spec is None]
+  if unknown:
+    raise ValueError(
+        f"host_callback.{api}(partitioned=True) on a mesh with automatic "
+        f"axes ({', '.join(mesh.axis_names)}) sends each operand as the jit "
+        "fixes its sharding: the sharding of an input, or of "
+        f"jax.lax.with_sharding_constraint just before the {api}. The "
+        f"sharding of leaf {', '.join(unknown)} of its operand is left to "
+        "the partitioner, which chooses it only when XLA compiles. "
+        "Constrain it there (x = jax.lax.with_sharding_constraint(x, "
+        "NamedSharding(mesh, P(...)))), use a mesh with explicit axes "
+        "(jax.make_mesh's default), or tap inside jax.shard_map")
+  return mesh, specs
+
+
+def _one_mesh(ctx: Any, avals: Sequence[Any], api: str) -> Any:
+  """The abstract mesh of the operands' types, or else of the computation;
+  ValueError where there are several, or none."""
   meshes = {aval.sharding.mesh for aval in avals
             if aval.sharding.mesh.axis_names}
   if len(meshes) > 1:
@@ -43,17 +73,14 @@ def _mesh_and_specs(avals: Sequence[Any], api: str) -> Tuple[Any, List[Any]]:
         f"host_callback.{api}(partitioned=True): the operands are sharded "
         f"over different meshes ({', '.join(map(str, meshes))}); shard them "
         "over one mesh")
-  mesh = next(iter(meshes), None)
-  explicit = jax.sharding.AxisType.Explicit
-  if mesh is None or any(t != explicit for t in mesh.axis_types):
+  mesh = next(iter(meshes), None) or adapter.context_mesh(ctx)
+  if mesh is None:
     raise ValueError(
-        f"host_callback.{api}(partitioned=True) needs the sharding of the "
-        "value it sends at trace time, and this computation is sharded by "
-        "the partitioner (a mesh with automatic axes, or none), which "
-        "decides it later. Use a mesh with explicit axes (jax.make_mesh's "
-        "default, or axis_types=(jax.sharding.AxisType.Explicit,) * n) "
-        "and shard the inputs over it, or tap inside jax.shard_map")
-  return mesh, [aval.sharding.spec for aval in avals]
+        f"host_callback.{api}(partitioned=True): this computation is "
+        "sharded over no mesh, so a shard cannot say where it lies. Shard "
+        "the inputs with a NamedSharding over a jax.sharding.Mesh (or "
+        "jax.make_mesh), or tap inside jax.shard_map")
+  return mesh
 
 
 def _concrete_mesh(abstract: Any, devices: Sequence[Any]) -> Any:
@@ -113,12 +140,13 @@ def lower(ctx: Any, *operands: Any, bind: Callable[..., List[Any]],
           devices: Sequence[Any], function: HostFunction, num_args: int,
           transforms: Transforms) -> List[Any]:
   """Lowers a partitioned tap or call in automatically sharded code: each
-  device runs the host function on its own shard (see the module's doc);
-  `bind` binds the primitive on each device."""
+  device runs the host function on its own shard of the sent operands (see
+  the module's doc); a tap's `result=` leaves pass by. `bind` binds the
+  primitive on each device."""
   api = "call" if function.is_call else "id_tap"
-  abstract, specs = _mesh_and_specs(ctx.avals_in, api)
+  sent, arg_avals = operands[:num_args], ctx.avals_in[:num_args]
+  abstract, specs = _mesh_and_specs(ctx, sent, arg_avals, api)
   mesh = _concrete_mesh(abstract, devices)
-  arg_avals = ctx.avals_in[:num_args]
   result_specs: List[Any] = []
   result_avals: Tuple[Any, ...] = ()
   if function.is_call:
@@ -129,7 +157,7 @@ def lower(ctx: Any, *operands: Any, bind: Callable[..., List[Any]],
         for i, a in enumerate(function.result_avals))
   per_shard = interned(dataclasses.replace(
       function, partitioned=False, result_avals=result_avals,
-      shard_table=(_shard_table(mesh, specs[:num_args], arg_avals)
+      shard_table=(_shard_table(mesh, specs, arg_avals)
                    if function.with_shard else None)))
 
   def on_each_device(*values: Any) -> List[Any]:
@@ -137,10 +165,11 @@ def lower(ctx: Any, *operands: Any, bind: Callable[..., List[Any]],
                device_index=0, transforms=transforms)
     return out if function.is_call else []
 
-  op_ctx = ctx.replace(avals_out=list(function.result_avals)
+  op_ctx = ctx.replace(avals_in=list(arg_avals),
+                       avals_out=list(function.result_avals)
                        if function.is_call else [])
   results = lower_on_each_device(
-      op_ctx, on_each_device, mesh, *operands, in_specs=tuple(specs),
+      op_ctx, on_each_device, mesh, *sent, in_specs=tuple(specs),
       out_specs=result_specs)
   ctx.set_tokens_out(op_ctx.tokens_out)
   return list(results) if function.is_call else list(operands)

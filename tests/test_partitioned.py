@@ -258,14 +258,173 @@ def test_id_print_prints_each_shard_on_its_device():
       for line in (f"device: cpu:{d.id}\n", f"[{i}.]\n"))
 
 
-def test_automatic_axes_are_refused_with_the_fix():
-  mesh = jax.sharding.Mesh(np.array(cpu_devices(4)), ("x",),
-                           axis_types=(jax.sharding.AxisType.Auto,))
-  x = jax.device_put(jnp.arange(4.), NamedSharding(mesh, P("x")))
+# --- Meshes with automatic axes (jax.sharding.Mesh's default): the jit fixes
+# the shardings of its inputs and of sharding constraints, and the tap
+# follows them.
+
+def _auto_mesh(shape, names):
+  """A mesh with automatic axes over CPU devices, as most code builds it."""
+  devices = np.array(cpu_devices(int(np.prod(shape)))).reshape(shape)
+  return jax.sharding.Mesh(devices, names,
+                           axis_types=(jax.sharding.AxisType.Auto,) * len(shape))
+
+
+def _expected_shards(value, sharding):
+  """What each device's host function must get for `value` sharded so: as
+  the shards of a jax.Array put there, (data, index, global shape,
+  replica id) by device id."""
+  array = jax.device_put(jnp.asarray(value), sharding)
+  return {shard.device.id: [(np.asarray(shard.data).tolist(), shard.index,
+                             tuple(value.shape), shard.replica_id)]
+          for shard in array.addressable_shards}
+
+
+def test_auto_axes_rows_of_an_input_each_get_their_own_rows():
+  mesh = _auto_mesh((4,), ("d",))
+  value = np.arange(16.).reshape(8, 2)
+  sharding = NamedSharding(mesh, P("d"))
+  x = jax.device_put(jnp.asarray(value), sharding)
+  record = _Shards()
+  step = jax.jit(lambda v: hcb.id_tap(record, v, partitioned=True,
+                                      tap_with_shard=True) * 2)
+  out = step(x)
+  hcb.barrier_wait()
+  np.testing.assert_array_equal(out, value * 2)
+  assert record.by_device() == _expected_shards(value, sharding)
+  assert record.by_device()[mesh.devices.flat[1].id] == [
+      (value[2:4].tolist(), (slice(2, 4), slice(None)), (8, 2), 0)]
+  assert _collectives(step, x) == []
+
+
+@pytest.mark.parametrize("spec", [P("a", "b"), P("b"), P(None, "a")])
+def test_auto_axes_two_by_two_blocks_of_an_input(spec):
+  mesh = _auto_mesh((2, 2), ("a", "b"))
+  value = np.arange(16.).reshape(4, 4)
+  sharding = NamedSharding(mesh, spec)
+  x = jax.device_put(jnp.asarray(value), sharding)
+  record = _Shards()
+  step = jax.jit(lambda v: hcb.id_tap(record, v, partitioned=True,
+                                      tap_with_shard=True))
+  step(x)
+  hcb.barrier_wait()
+  assert record.by_device() == _expected_shards(value, sharding)
+  assert _collectives(step, x) == []
+
+
+@pytest.mark.parametrize("shape,names,spec", [
+    ((4,), ("d",), P("d")),
+    ((2, 2), ("a", "b"), P(("b", "a"))),
+    ((2, 2), ("a", "b"), P("b")),
+])
+def test_auto_axes_a_constrained_value_is_sent_as_constrained(shape, names,
+                                                              spec):
+  mesh = _auto_mesh(shape, names)
+  value = np.arange(8.)
+  x = jax.device_put(jnp.asarray(value), NamedSharding(mesh, P()))
+  record = _Shards()
+  constrained = NamedSharding(mesh, spec)
+  jax.jit(lambda v: hcb.id_tap(
+      record, jax.lax.with_sharding_constraint(v * 3, constrained),
+      partitioned=True, tap_with_shard=True))(x)
+  hcb.barrier_wait()
+  assert record.by_device() == _expected_shards(value * 3, constrained)
+
+
+def test_auto_axes_a_partitioned_call_takes_and_returns_shards():
+  mesh = _auto_mesh((4,), ("d",))
+  value = np.arange(8.)
+  x = jax.device_put(jnp.asarray(value), NamedSharding(mesh, P("d")))
+  seen = []
+  lock = threading.Lock()
+
+  def per_shard(a, shard):
+    with lock:
+      seen.append((shard.device.id, a.tolist(), shard.index))
+    return a * 10 + shard.index[0].start
+
+  step = jax.jit(lambda v: hcb.call(per_shard, v, result_shape=v,
+                                    partitioned=True, call_with_shard=True))
+  out = step(x)
+  np.testing.assert_array_equal(
+      out, value * 10 + np.repeat(np.arange(0, 8, 2), 2))
+  assert out.sharding.spec == P("d")
+  assert sorted(seen) == sorted(
+      (d.id, value[2 * i:2 * i + 2].tolist(), (slice(2 * i, 2 * i + 2),))
+      for i, d in enumerate(mesh.devices.flat))
+  assert _collectives(step, x) == []
+
+
+def test_auto_axes_a_partitioned_call_of_a_constrained_2d_value():
+  mesh = _auto_mesh((2, 2), ("a", "b"))
+  value = np.arange(16.).reshape(4, 4)
+  x = jax.device_put(jnp.asarray(value), NamedSharding(mesh, P()))
+  blocks = NamedSharding(mesh, P("b", "a"))
+  seen = {}
+  lock = threading.Lock()
+
+  def per_shard(a, shard):
+    with lock:
+      seen[shard.device.id] = (a.tolist(), shard.index)
+    return -a
+
+  out = jax.jit(lambda v: hcb.call(
+      per_shard, jax.lax.with_sharding_constraint(v + 1, blocks),
+      result_shape=v, partitioned=True, call_with_shard=True))(x)
+  np.testing.assert_array_equal(out, -(value + 1))
+  assert seen == {device: (data, index) for device, [(data, index, _, _)]
+                  in _expected_shards(value + 1, blocks).items()}
+
+
+def test_auto_axes_constrained_taps_keep_each_device_order_in_loops():
+  mesh = _auto_mesh((4,), ("d",))
+  sharding = NamedSharding(mesh, P("d"))
+  x = jax.device_put(jnp.zeros(4), sharding)
+  record = _Shards()
+
+  def tap(v):
+    v = jax.lax.with_sharding_constraint(v, sharding)
+    return hcb.id_tap(record, v, partitioned=True, tap_with_shard=True)
+
+  @jax.jit
+  def step(v):
+    v = tap(v + 1)
+    v, _ = jax.lax.scan(lambda c, _: (tap(c + 1), None), v, None, length=3)
+    v = tap(jax.lax.cond(True, lambda c: c * 10, lambda c: c, v))
+    _, v = jax.lax.while_loop(lambda c: c[0] < 1,
+                              lambda c: (c[0] + 1, tap(c[1] + 1)), (0, v))
+    return jax.jit(tap)(v + 100)
+
+  step(x)
+  hcb.barrier_wait()
+  got = record.by_device()
+  assert sorted(got) == sorted(d.id for d in mesh.devices.flat)
+  for entries in got.values():
+    assert [e[0] for e in entries] == [[1.], [2.], [3.], [4.], [40.],
+                                       [41.], [141.]]
+
+
+def test_auto_axes_a_result_leaf_passes_by_whatever_its_sharding():
+  mesh = _auto_mesh((4,), ("d",))
+  sharding = NamedSharding(mesh, P("d"))
+  x = jax.device_put(jnp.arange(4.), sharding)
+  record = _Shards()
+  out = jax.jit(lambda v: hcb.id_tap(record, v, result=v * 2 + 1,
+                                     partitioned=True,
+                                     tap_with_shard=True))(x)
+  hcb.barrier_wait()
+  np.testing.assert_array_equal(out, np.arange(4.) * 2 + 1)
+  assert record.by_device() == _expected_shards(np.arange(4.), sharding)
+
+
+def test_auto_axes_a_value_the_partitioner_shards_is_refused_with_the_fix():
+  mesh = _auto_mesh((4,), ("d",))
+  x = jax.device_put(jnp.arange(4.), NamedSharding(mesh, P("d")))
   with pytest.raises(ValueError, match=re.escape(
-      "host_callback.id_tap(partitioned=True) needs the sharding of the "
-      "value it sends at trace time")) as raised:
-    jax.jit(lambda v: hcb.id_tap(lambda a, t: None, v, partitioned=True))(x)
+      "host_callback.id_tap(partitioned=True) on a mesh with automatic axes "
+      "(d) sends each operand as the jit fixes its sharding")) as raised:
+    jax.jit(lambda v: hcb.id_tap(lambda a, t: None, v * 2,
+                                 partitioned=True))(x)
+  assert "jax.lax.with_sharding_constraint" in str(raised.value)
   assert "jax.make_mesh" in str(raised.value)
 
 
