@@ -108,7 +108,8 @@ SOURCES = (
 HEADERS = (
     "status.h", "packet.h", "waits.h", "block_pool.h", "device_queue.h",
     "calls.h", "direct_runs.h", "interrupts.h", "receiver_link.h",
-    "site_sizes.h", "hub.h", "executions.h", "ffi_common.h", "ffi_cpu.h",
+    "site_sizes.h", "hub.h", "executions.h", "ffi_common.h", "ffi_targets.h",
+    "ffi_cpu.h",
     "cuda_api.h", "cuda_copies.h", "ffi_cuda.h",
     "module_support.h", "python_hooks.h", "python_limited.h",
     "python_memory.h", "python_runner.h", "python_sites.h",

@@ -35,10 +35,9 @@ from . import _jax_adapter as adapter
 from . import executions, primitive, probes, host_side, settings
 from .devices import device_number, local_devices_by_number, zero_on
 from .host_functions import HostFunction
-from .receiver import in_consumer_thread
+from .receiver import POLL_SECONDS, in_consumer_thread
 
 logger = logging.getLogger("host_callback")
-_POLL_SECONDS = 0.05
 # After taps arrived that the markers did not account for, the barrier waits
 # for marker rounds that stay quiet this long; it gives up after this many
 # rounds (another thread may be tapping without pause).
@@ -112,7 +111,7 @@ class _Markers:
     arrives (its dispatch was interrupted) holds no later barrier up."""
     with self._cond:
       while any(self._arrived[key] < target for key, target in targets.items()):
-        self._cond.wait(_POLL_SECONDS)
+        self._cond.wait(POLL_SECONDS)
 
 
 _markers = _Markers()
@@ -203,7 +202,7 @@ class _InFlight:
             self._give_up(in_flight, now - last_change, others)
             return
       time.sleep(delay)
-      delay = min(2 * delay, _POLL_SECONDS)
+      delay = min(2 * delay, POLL_SECONDS)
 
   def _give_up(self, in_flight: int, seconds: float, others: bool) -> None:
     with self._lock:

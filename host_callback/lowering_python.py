@@ -6,7 +6,7 @@ from __future__ import annotations
 from typing import Any, Callable, List, Sequence
 
 import jax
-import jax.numpy as jnp
+import ml_dtypes
 import numpy as np
 
 from . import _jax_adapter as adapter
@@ -14,6 +14,7 @@ from . import executions, host_side
 from ._jax_adapter import hlo, mlir
 from .devices import device_number, numbers
 from .lowering_kinds import Kind, wire_dtype
+from .receiver import native_wire
 from .receiver import interrupts
 
 
@@ -55,9 +56,17 @@ def _failing_the_execution(on_host: Callable, on_failure: Any) -> Callable:
 # element each way (seen on an H200, jax 0.11.2). Off CPU, sub-byte operands
 # and results therefore cross the callback widened to a byte per element;
 # the conversions are exact.
-_WIDER = {np.dtype(narrow): np.dtype(wide) for narrow, wide in (
-    (jnp.int4, np.int8), (jnp.uint4, np.uint8), (jnp.int2, np.int8),
-    (jnp.uint2, np.uint8), (jnp.float4_e2m1fn, np.float16))}
+def _wider(dtype: np.dtype) -> np.dtype:
+  """A sub-byte dtype's byte-wide twin (signed, unsigned or floating);
+  any other dtype as it is. Which dtypes XLA packs is
+  `native_wire.packed_bits`'s rule, shared with the native transport."""
+  if native_wire.packed_bits(dtype) is None:
+    return dtype
+  try:
+    signed = ml_dtypes.iinfo(dtype).min < 0
+  except ValueError:  # a floating dtype
+    return np.dtype(np.float16)
+  return np.dtype(np.int8 if signed else np.uint8)
 
 
 def widens_subbyte(platforms: Sequence[str]) -> bool:
@@ -67,8 +76,7 @@ def widens_subbyte(platforms: Sequence[str]) -> bool:
 
 
 def _widened(avals: Sequence[Any]) -> List[Any]:
-  return [aval.update(dtype=_WIDER.get(np.dtype(aval.dtype), aval.dtype))
-          for aval in avals]
+  return [aval.update(dtype=_wider(np.dtype(aval.dtype))) for aval in avals]
 
 
 def _converted(ctx: Any, values: Sequence[Any], avals: Sequence[Any],

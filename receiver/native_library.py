@@ -17,13 +17,7 @@ import os
 from types import ModuleType
 from typing import Any, Dict, Optional, Tuple
 
-ABI_VERSION = 12
-# Names of the FFI targets, as registered with XLA by the JAX side.
-OUTFEED_TARGET = "host_callback_outfeed"
-CALL_TARGET = "host_callback_call"
-TAP_SYNC_TARGET = "host_callback_tap_sync"
-BEGIN_TARGET = "host_callback_begin"
-END_TARGET = "host_callback_end"
+ABI_VERSION = 13
 
 
 def _load() -> Optional[ModuleType]:
@@ -40,6 +34,14 @@ def _load() -> Optional[ModuleType]:
 
 
 native: Any = _load()  # the extension module, or None
+
+# The FFI targets' names, as the module hands XLA its handlers
+# (native/ffi_targets.h); empty where it is not built, as nothing lowers to
+# them then.
+OUTFEED_TARGET, CALL_TARGET, TAP_SYNC_TARGET, BEGIN_TARGET, END_TARGET = (
+    getattr(native, name, "") for name in (
+        "OUTFEED_TARGET", "CALL_TARGET", "TAP_SYNC_TARGET", "BEGIN_TARGET",
+        "END_TARGET"))
 
 
 def available() -> bool:

@@ -8,7 +8,10 @@ from typing import Callable, List, Optional, Sequence
 
 import numpy as np
 
-# How often a blocked wait wakes up to re-check its way out (stop flag).
+# How often a blocked wait wakes up to re-check its way out (stop flag,
+# Ctrl-C), on both transports and in the barrier: the native module's
+# kPollInterval (native/waits.h, exported as POLL_SECONDS; a test keeps the
+# two equal), written here for the installs without the module.
 POLL_SECONDS = 0.05
 
 # What a packet waiting in a Python queue costs beyond its arrays' data,

@@ -11,6 +11,7 @@ import configparser
 import pathlib
 import re
 
+import numpy as np
 import pytest
 
 from host_callback.receiver import native_library
@@ -116,10 +117,23 @@ def test_constants_both_sides_use_agree():
   """The native module exports its constants; those the Python side also
   needs without it are checked against them here."""
   from host_callback import devices  # pylint: disable=import-outside-toplevel
-  from host_callback.receiver import queues  # pylint: disable=import-outside-toplevel
+  from host_callback.receiver import native_wire, packets, queues  # pylint: disable=import-outside-toplevel
   native = _native()
   # The Python transport's consumer waits as long as the native one.
   assert queues.GUEST_GRACE_SECONDS == pytest.approx(native.GUEST_GRACE_SECONDS)
+  # Every wait re-checks its way out as often on both sides.
+  assert packets.POLL_SECONDS == pytest.approx(native.POLL_SECONDS)
+  # The dtypes packed below a byte: the Python rule is the C++ table.
+  import ml_dtypes  # pylint: disable=import-outside-toplevel
+  rule = {name: native_wire.packed_bits(np.dtype(getattr(ml_dtypes, name)))
+          for name in dir(ml_dtypes)
+          if isinstance(getattr(ml_dtypes, name), type)
+          and issubclass(getattr(ml_dtypes, name), np.generic)}
+  assert {name: bits for name, bits in rule.items() if bits} == (
+      native.PACKED_BITS)
+  # The FFI targets' names come from the module.
+  assert native_library.OUTFEED_TARGET == native.OUTFEED_TARGET == (
+      "host_callback_outfeed")
   # The CUDA handlers' queue of GPU 0 is the number devices gives it.
   gpu = type("Gpu", (), {"platform": "cuda", "id": 0})()
   assert devices.device_number(gpu) == native.CUDA_QUEUE_BASE

@@ -78,22 +78,27 @@ class Spans {
   std::vector<Span> heap_;
 };
 
+// The dtypes XLA packs below a byte: each with its bits per element and its
+// NumPy (ml_dtypes) name, which the module exports as PACKED_BITS for the
+// Python side's rule (native_wire.packed_bits) to be checked against.
+struct PackedDtype {
+  ffi::DataType dtype;
+  int bits;
+  const char* numpy_name;
+};
+inline constexpr PackedDtype kPackedDtypes[] = {
+    {ffi::DataType::S1, 1, "int1"},   {ffi::DataType::U1, 1, "uint1"},
+    {ffi::DataType::S2, 2, "int2"},   {ffi::DataType::U2, 2, "uint2"},
+    {ffi::DataType::S4, 4, "int4"},   {ffi::DataType::U4, 4, "uint4"},
+    {ffi::DataType::F4E2M1FN, 4, "float4_e2m1fn"},
+};
+
 // Bits per element of the dtypes XLA packs below a byte; 0 for the others.
 inline int PackedBits(ffi::DataType dtype) {
-  switch (dtype) {
-    case ffi::DataType::S1:
-    case ffi::DataType::U1:
-      return 1;
-    case ffi::DataType::S2:
-    case ffi::DataType::U2:
-      return 2;
-    case ffi::DataType::S4:
-    case ffi::DataType::U4:
-    case ffi::DataType::F4E2M1FN:
-      return 4;
-    default:
-      return 0;
+  for (const PackedDtype& packed : kPackedDtypes) {
+    if (packed.dtype == dtype) return packed.bits;
   }
+  return 0;
 }
 
 // The buffer's bytes as XLA stores them (AnyBuffer::size_bytes() counts a

@@ -19,15 +19,18 @@
 #include "calls.h"
 #include "cuda_copies.h"
 #include "device_queue.h"
+#include "ffi_common.h"
+#include "ffi_targets.h"
 #include "packet.h"
 #include "python_memory.h"
+#include "waits.h"
 #include "xla/ffi/api/c_api.h"
 
 namespace {
 
 // Bumped whenever a function's signature changes (the module's
 // ABI_VERSION, which receiver/native_library.py checks).
-constexpr int kAbiVersion = 12;
+constexpr int kAbiVersion = 13;
 
 // Adds `name` = `value` (a new reference, or null with an exception set)
 // to `module`; false with an exception set.
@@ -40,9 +43,42 @@ bool AddConstant(PyObject* module, const char* name, PyObject* value) {
   return true;
 }
 
+// PACKED_BITS: {numpy dtype name: bits per element} of the dtypes XLA
+// packs below a byte (ffi_common.h:kPackedDtypes).
+PyObject* PackedBits() {
+  PyObject* packed = PyDict_New();
+  if (packed == nullptr) return nullptr;
+  for (const hcb::PackedDtype& dtype : hcb::kPackedDtypes) {
+    PyObject* bits = PyLong_FromLong(dtype.bits);
+    const bool added = bits != nullptr &&
+                       PyDict_SetItemString(packed, dtype.numpy_name, bits) == 0;
+    Py_XDECREF(bits);
+    if (!added) {
+      Py_DECREF(packed);
+      return nullptr;
+    }
+  }
+  return packed;
+}
+
+bool AddTargetNames(PyObject* module) {
+  return PyModule_AddStringConstant(module, "OUTFEED_TARGET",
+                                    hcb::kOutfeedTarget) == 0 &&
+         PyModule_AddStringConstant(module, "CALL_TARGET",
+                                    hcb::kCallTarget) == 0 &&
+         PyModule_AddStringConstant(module, "TAP_SYNC_TARGET",
+                                    hcb::kTapSyncTarget) == 0 &&
+         PyModule_AddStringConstant(module, "BEGIN_TARGET",
+                                    hcb::kBeginTarget) == 0 &&
+         PyModule_AddStringConstant(module, "END_TARGET",
+                                    hcb::kEndTarget) == 0;
+}
+
 bool AddConstants(PyObject* module) {
   const double guest_grace_seconds =
       std::chrono::duration<double>(hcb::kGuestGrace).count();
+  const double poll_seconds =
+      std::chrono::duration<double>(hcb::kPollInterval).count();
   return PyModule_AddIntConstant(module, "ABI_VERSION", kAbiVersion) == 0 &&
          // The XLA FFI API version of the headers the handlers were built
          // with (third_party/xla): XLA accepts them when it is at most its
@@ -64,7 +100,11 @@ bool AddConstants(PyObject* module) {
          AddConstant(module, "CUDA_QUEUE_BASE",
                      PyLong_FromLongLong(hcb::kCudaQueueBase)) &&
          AddConstant(module, "GUEST_GRACE_SECONDS",
-                     PyFloat_FromDouble(guest_grace_seconds));
+                     PyFloat_FromDouble(guest_grace_seconds)) &&
+         AddConstant(module, "POLL_SECONDS",
+                     PyFloat_FromDouble(poll_seconds)) &&
+         AddConstant(module, "PACKED_BITS", PackedBits()) &&
+         AddTargetNames(module);
 }
 
 PyModuleDef module_def = {

@@ -10,15 +10,15 @@
 
 #include "cuda_api.h"
 #include "ffi_cuda.h"
+#include "ffi_targets.h"
 #include "hub.h"
 
 namespace hcb::python {
 namespace {
 
 PyObject* CudaFfiHandlers(PyObject*, PyObject*) {
-  return Py_BuildValue("{sNsN}", "host_callback_outfeed",
-                       Capsule(HcbCudaOutfeed), "host_callback_call",
-                       Capsule(HcbCudaCall));
+  return Py_BuildValue("{sNsN}", kOutfeedTarget, Capsule(HcbCudaOutfeed),
+                       kCallTarget, Capsule(HcbCudaCall));
 }
 
 PyObject* CudaLoad(PyObject*, PyObject* args) {

@@ -15,6 +15,7 @@
 
 #include "executions.h"
 #include "ffi_cpu.h"
+#include "ffi_targets.h"
 #include "hub.h"
 #include "python_limited.h"
 
@@ -240,11 +241,10 @@ PyObject* ReplyError(PyObject*, PyObject* args) {
 }
 
 PyObject* FfiHandlers(PyObject*, PyObject*) {
-  return Py_BuildValue(
-      "{sNsNsNsNsN}", "host_callback_outfeed", Capsule(HcbOutfeed),
-      "host_callback_call", Capsule(HcbCall), "host_callback_tap_sync",
-      Capsule(HcbTapSync), "host_callback_begin", Capsule(HcbBegin),
-      "host_callback_end", Capsule(HcbEnd));
+  return Py_BuildValue("{sNsNsNsNsN}", kOutfeedTarget, Capsule(HcbOutfeed),
+                       kCallTarget, Capsule(HcbCall), kTapSyncTarget,
+                       Capsule(HcbTapSync), kBeginTarget, Capsule(HcbBegin),
+                       kEndTarget, Capsule(HcbEnd));
 }
 
 }  // namespace
