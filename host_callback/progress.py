@@ -171,6 +171,8 @@ class Loop:
     self.per_device = per_device
     self.kwargs = kwargs
     self._bars: Dict[Key, _Bar] = {}
+    if on_screen:
+      screen.watch_stdout()
     # Device number -> ended bars of loops nested in this one, kept open.
     self.nested: Dict[int, List[_Bar]] = {}
 

@@ -490,6 +490,46 @@ def test_pmap_bars_write_only_final_rows_to_a_log(both_modes, transport):
     assert re.fullmatch(PMAP_FINAL_ROW.format(k=k), row), done.stderr
 
 
+PRINT_AFTER_PMAP = """
+import threading
+import jax, jax.numpy as jnp
+import host_callback as hcb
+from host_callback.tqdm import scan_tqdm
+
+printed = threading.Event()
+
+def hold(i, transforms):
+  # The outfeed mode: the bars draw on until the program has printed. The
+  # synchronous mode: the program writes "pmap result" while they draw.
+  printed.wait(timeout=0.5)
+
+@scan_tqdm(20_000, print_rate=1000)
+def step(carry, i):
+  jax.lax.cond(i == 1, lambda: hcb.id_tap(hold, i), lambda: i)
+  return carry + 1.0, None
+
+out = jax.pmap(lambda c: jax.lax.scan(step, c, jnp.arange(20_000))[0])(
+    jnp.zeros(4))
+print("pmap result", out)
+printed.set()
+"""
+
+
+def test_a_print_after_pmap_stays_intact_beside_drawing_bars(both_modes,
+                                                             transport):
+  """No barrier before the print: `pmap` returns while the bars draw. In
+  the synchronous mode the print waits for the result, and so for the
+  bars: the line comes below their final rows; in the outfeed mode it
+  comes while they draw, and they end below it."""
+  shown = run_in_terminal(PRINT_AFTER_PMAP, _mode_env(both_modes, transport))
+  result = "pmap result [20000. 20000. 20000. 20000.]"
+  rows = shown[:4] if both_modes == "synchronous" else shown[1:]
+  assert shown[4 if both_modes == "synchronous" else 0] == result, shown
+  assert len(shown) == 5 and len(rows) == 4, shown
+  for k, line in enumerate(rows):
+    assert re.fullmatch(PMAP_FINAL_ROW.format(k=k), line), shown
+
+
 def test_id_print_writes_above_an_open_bar(both_modes, transport):
   shown = run_in_terminal("""
       import jax, jax.numpy as jnp
