@@ -6,7 +6,8 @@ one line when it fits in 80 columns, otherwise each of its breaks starts a new
 line indented by the group's nesting.
 
 While progress bars of ours are open on the same terminal, a print goes
-above them (`screen.printing_above`), as `tqdm.write` does.
+above them (`screen.printing_above`, or `sys.stdout` as `screen` wraps it),
+as `tqdm.write` does.
 """
 
 from __future__ import annotations

@@ -3,9 +3,10 @@ close.
 
 A `Loop` is one decorated loop body. Its taps come with the device that
 sent them and a number: a *step* tap after step `i` (0 opens the bar; it
-shows `i` when `i` is a multiple of the print rate, as jax-tqdm does; the
-last step of a loop of known length, `ends_at_total`, ends the loop; the
-device may send the steps in between too, which are dropped), and a
+shows the `i + 1` steps completed when they are a multiple of the print
+rate, so that a loop that ends early shows the steps it ran up to its last
+update; the last step of a loop of known length, `ends_at_total`, ends the
+loop; the device may send the steps in between too, which are dropped), and a
 *final* tap after a loop of unknown length, with the steps done, which ends
 it. Each bar has a key, `(bar id, device number)`; the device part is None
 when the devices share one bar, whose value is then the slowest device's.
@@ -170,16 +171,19 @@ class Loop:
     self.per_device = per_device
     self.kwargs = kwargs
     self._bars: Dict[Key, _Bar] = {}
+    if on_screen:
+      screen.watch_stdout()
     # Device number -> ended bars of loops nested in this one, kept open.
     self.nested: Dict[int, List[_Bar]] = {}
 
   def shows(self, steps: Any) -> Any:
     """Whether the bar shows step `steps` (an int, or a traced integer):
-    a multiple of the print rate, or the last step of a loop of known
-    length. The device skips the other steps where that is cheaper
-    (`tqdm._Taps.step`); the host drops those that come."""
-    shown = steps % self.print_rate == 0
-    if self.ends_at_total and (self.total - 1) % self.print_rate:
+    the first (the bar opens), one that completes a multiple of the print
+    rate, or the last step of a loop of known length. The device skips the
+    other steps where that is cheaper (`tqdm._Taps.step`); the host drops
+    those that come."""
+    shown = (steps == 0) | ((steps + 1) % self.print_rate == 0)
+    if self.ends_at_total and self.total % self.print_rate:
       shown = shown | (steps == self.total - 1)
     return shown
 
@@ -193,21 +197,21 @@ class Loop:
       for bar_id, steps in steps_by_id.items():
         if not final and not self.shows(steps):
           continue  # as if skipped on the device: the same bars either way
+        done = steps if final else steps + 1  # the steps completed
         key = (bar_id, None if shared > 1 else number)
         bar = self._bars.get(key)
         begins = steps == 0 and not final
         if bar is not None and number in bar.running and begins:
           _close(bar)  # its last run stopped unseen: a fresh bar
         if bar is None or bar.closed or number not in bar.running:
-          past = self.total is not None and steps >= self.total
+          past = self.total is not None and done > self.total
           if not begins and not final and not past:
             continue  # its step 0 went to a bar that has closed since
           bar = self._start(tap, key, bar, bar_id, device, shared, past)
-        if final or steps % self.print_rate == 0:
-          self._advance(bar, number, steps)
-        if final or (self.ends_at_total and steps == self.total - 1):
-          if not final:
-            self._advance(bar, number, self.total)
+        ends = final or (self.ends_at_total and done == self.total)
+        if ends or done % self.print_rate == 0:
+          self._advance(bar, number, done)
+        if ends:
           self._end(tap, bar, number, shared)
 
   def _start(self, tap: Tap, key: Key, bar: Optional[_Bar],

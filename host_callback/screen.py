@@ -13,8 +13,15 @@ in the same order. `printing_above` lets a print share a terminal with the
 rows: it clears them, lets the print write, and draws them again below, as
 `tqdm.write` does.
 
+The program's own output shares the terminal too: once it has bars, a
+`sys.stdout` that is a terminal is wrapped (`_ProgramOutput`), and while rows
+stand on its terminal each line the program writes goes above them once it
+has ended. So a `print` after a loop whose bars still draw (asynchronous
+dispatch, `pmap`, the outfeed mode) stays intact.
+
 One lock per screen (`Screen._lock`) guards its rows and draws; it is taken
-last, after any lock of tqdm's or of the bars'.
+last, after any lock of tqdm's or of the bars'. `_screens_lock` guards the
+screens and the program's line, and is taken before a screen's.
 """
 
 from __future__ import annotations
@@ -24,7 +31,7 @@ import contextlib
 import os
 import sys
 import threading
-from typing import Any, Dict, Iterator, List, Optional, TextIO
+from typing import Any, Dict, Iterable, Iterator, List, Optional, TextIO
 
 _CLEAR_LINE = "\x1b[K"  # from the cursor to the end of its line
 _CLEAR_BELOW = "\x1b[J"  # from the cursor to the end of the screen
@@ -78,6 +85,17 @@ def _is_terminal(file: Any) -> bool:
     return False
 
 
+def _same_terminal(a: Any, b: Any) -> bool:
+  """Whether `a` and `b` write to one terminal."""
+  if a is b:
+    return _is_terminal(a)
+  try:
+    return (_is_terminal(a) and _is_terminal(b) and os.path.samestat(
+        os.fstat(a.fileno()), os.fstat(b.fileno())))
+  except (AttributeError, OSError, ValueError):
+    return False
+
+
 def _columns(file: TextIO) -> int:
   try:
     return os.get_terminal_size(file.fileno()).columns
@@ -109,6 +127,10 @@ class Screen:
   def empty(self) -> bool:
     with self._lock:
       return not self._rows
+
+  def shares(self, stream: Any) -> bool:
+    """Whether a print to `stream` lands among these rows."""
+    return self.live and _same_terminal(self.file, stream)
 
   def _block(self) -> str:
     """What redraws the open rows from the top one, where the cursor is
@@ -160,35 +182,115 @@ class Screen:
       self._rows.clear()
 
   @contextlib.contextmanager
-  def cleared(self, stream: TextIO) -> Iterator[None]:
-    """While a print writes to `stream`: the rows are cleared when it
-    shares their terminal, and drawn again below what it wrote."""
-    shares = self.live and (stream is self.file or (
-        stream in (sys.stdout, sys.stderr) and
-        self.file in (sys.stdout, sys.stderr) and _is_terminal(stream)))
-    if not shares:
-      yield
-      return
+  def cleared(self) -> Iterator[None]:
+    """While a print that `shares` the rows writes: the rows are cleared,
+    and drawn again below what it wrote."""
     with self._lock:
       if self._drawn:
         self._write("\r" + _CLEAR_BELOW)
       try:
         yield
       finally:
-        stream.flush()
         self.draw()
 
 
-_screens_lock = threading.Lock()  # guards _screens
+_screens_lock = threading.RLock()  # guards _screens and _program's line
 _screens: Dict[int, Screen] = {}  # by id(file): the screens with rows
+
+
+def _sharing(stream: Any) -> List[Screen]:
+  """The screens whose rows a print to `stream` lands among."""
+  return [screen for screen in _screens.values() if screen.shares(stream)]
+
+
+@contextlib.contextmanager
+def _above(screens: List[Screen], stream: Any) -> Iterator[None]:
+  """While a print writes to `stream`: above the rows of `screens`."""
+  with contextlib.ExitStack() as stack:
+    for screen in screens:
+      stack.enter_context(screen.cleared())
+    try:
+      yield
+    finally:
+      stream.flush()
+
+
+class _ProgramOutput:
+  """`sys.stdout` once the program has bars, where it is a terminal. It
+  writes through, except while rows stand on its terminal: then each line
+  goes above them once it has ended, and the line still being written
+  waits for its end, or for the rows to close. A line written in part
+  when rows open is taken off the screen and written again whole later,
+  so that no row draws over it."""
+
+  def __init__(self, stream: TextIO) -> None:
+    self.stream = stream
+    self._line = ""  # what the program wrote after its last newline
+    self._shown = True  # whether the screen shows `_line`
+
+  def __getattr__(self, name: str) -> Any:
+    return getattr(self.stream, name)
+
+  def write(self, text: str) -> int:
+    with _screens_lock:
+      screens = _sharing(self.stream)
+      missing = ("" if self._shown else self._line) + text
+      self._line = (self._line + text).rpartition("\n")[2]
+      if not screens:
+        self.stream.write(missing)
+        self._shown = True
+        return len(text)
+      ended, newline, _ = missing.rpartition("\n")
+      if newline:
+        with _above(screens, self.stream):
+          self.stream.write(ended + newline)
+      self._shown = not self._line
+    return len(text)
+
+  def writelines(self, lines: Iterable[str]) -> None:
+    for line in lines:
+      self.write(line)
+
+  def flush(self) -> None:
+    self.stream.flush()
+
+  def take_back(self) -> None:
+    """Rows open on the terminal: the line being written leaves it."""
+    if self._shown and self._line:
+      self.stream.write("\r" + _CLEAR_LINE)
+      self.stream.flush()
+      self._shown = False
+
+  def give_back(self) -> None:
+    """The rows have closed: the line being written stands again."""
+    if not self._shown:
+      self.stream.write(self._line)
+      self.stream.flush()
+      self._shown = True
+
+
+_program: Optional[_ProgramOutput] = None  # sys.stdout, once wrapped
+
+
+def watch_stdout() -> None:
+  """Called when the program makes bars: from now on its lines to a
+  terminal `sys.stdout` go above the rows there (see `_ProgramOutput`)."""
+  global _program
+  with _screens_lock:
+    if _program is None and _is_terminal(sys.stdout):
+      _program = sys.stdout = _ProgramOutput(sys.stdout)
 
 
 def add_row(file: TextIO, position: int, owner: object) -> Row:
   """A new row of `owner` at `position` on `file` (see `Screen.add`)."""
+  if isinstance(file, _ProgramOutput):
+    file = file.stream
   with _screens_lock:
     screen = _screens.get(id(file))
     if screen is None or screen.file is not file:
       screen = _screens[id(file)] = Screen(file)
+    if _program is not None and screen.shares(_program.stream):
+      _program.take_back()
     return screen.add(position, owner)
 
 
@@ -196,16 +298,19 @@ def _drop(screen: Screen) -> None:
   with _screens_lock:
     if _screens.get(id(screen.file)) is screen and screen.empty():
       del _screens[id(screen.file)]
+    if _program is not None and not _sharing(_program.stream):
+      _program.give_back()
 
 
 @contextlib.contextmanager
 def printing_above(stream: TextIO) -> Iterator[None]:
   """Around a print to `stream`: it goes above the open bars."""
+  if isinstance(stream, _ProgramOutput):
+    yield  # it writes each line above them itself
+    return
   with _screens_lock:
-    screens = list(_screens.values())
-  with contextlib.ExitStack() as stack:
-    for screen in screens:
-      stack.enter_context(screen.cleared(stream))
+    screens = _sharing(stream)
+  with _above(screens, stream):
     yield
 
 
@@ -215,3 +320,4 @@ def _leave_all() -> None:
     screens = list(_screens.values())
   for screen in screens:
     screen.leave()
+    _drop(screen)

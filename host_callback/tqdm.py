@@ -14,11 +14,14 @@ tap costs a few microseconds, so `print_rate=1` is affordable. The bars are
 drawn by the process that owns the device.
 
 In a terminal the bars of a loop keep their rows (per-device bars in device
-order) and end as one final row each; `id_print` writes above open bars;
-where output is not a terminal only the final rows are written. A bar whose
-loop ends before its total closes at the next `barrier_wait()` (at the
-latest at exit, or when the loop runs again) and says "ended early"; a
-loop that runs past its total counts on, "past its total of n".
+order) and end as one final row each; `id_print`, and `print` to a
+terminal stdout, write above open bars, so that what a program prints
+while they still draw stays intact; where output is not a terminal only
+the final rows are written. A bar counts the steps completed, every
+`print_rate` steps. A bar whose loop ends before its total closes at the
+next `barrier_wait()` (at the latest at exit, or when the loop runs again)
+and says "ended early"; a loop that runs past its total counts on, "past
+its total of n".
 """
 
 from __future__ import annotations

@@ -164,11 +164,11 @@ def test_bar_moves_while_the_loop_runs(log):
 
   scan(step, 6)
   hcb.barrier_wait()
-  # After step i the bar has moved to i (every 2 steps), as jax-tqdm's
-  # before step i; it closes after the last step.
+  # The bar counts the steps completed: after step 1 it has moved to 2
+  # (every 2 steps); it closes after the last step.
   assert log.events == [
-      (None, 0), (None, 1), (None, 2), (0, ("update", 2)), (None, 3),
-      (None, 4), (0, ("update", 2)), (None, 5), (0, ("update", 2)),
+      (None, 0), (None, 1), (0, ("update", 2)), (None, 2), (None, 3),
+      (0, ("update", 2)), (None, 4), (None, 5), (0, ("update", 2)),
       (0, ("close",))]
 
 
@@ -183,7 +183,7 @@ def test_every_step_in_the_synchronous_mode_moves_the_bar(log):
 
   scan(step, 50)
   hcb.barrier_wait()
-  assert seen == [None, *range(49)]  # it opens after step 0
+  assert seen == [None, *range(1, 50)]  # it opens after step 0, at 1
   assert log.of(0) == updates(1, 50)
 
 
@@ -217,9 +217,10 @@ def test_a_failed_loop_closes_its_bar_and_a_rerun_opens_a_fresh_one(log):
   error = barrier_report()
   assert error is None or "step 5 failed" in str(error)
   # Synchronous: the computation stopped in step 5, and the bar shows the
-  # 4 before it. The outfeed mode does not wait for taps: the loop ran on.
+  # 5 steps before it. The outfeed mode does not wait for taps: the loop
+  # ran on.
   if synchronous():
-    assert log.of(0) == [("update", 1)] * 4 + [("close",)]
+    assert log.of(0) == [("update", 1)] * 5 + [("close",)]
   else:
     assert log.of(0) == updates(1, 10)
   fail[0] = False
@@ -245,7 +246,7 @@ def test_a_failed_call_closes_the_bar_in_both_modes(log):
   else:  # the outfeed mode raises a call's error at the barrier too
     with pytest.raises(hcb.CallbackException, match="no host result"):
       hcb.barrier_wait()
-  assert log.of(0) == [("update", 1)] * 2 + [("close",)]  # after step 2
+  assert log.of(0) == [("update", 1)] * 3 + [("close",)]  # steps 0 to 2
 
 
 def _device_descs(n: int, total: int) -> List[Tuple[str, int, int]]:
@@ -377,9 +378,10 @@ def test_nested_loops_reuse_the_inner_bar(log):
   # with the outer bar.
   assert log.made() == [(DESC.format(4), 4, 1), ("epochs", 3, 0)]
   inner_run = [("update", 2), ("update", 2)]
+  outer_step = [("update", 1), ("reset", 4)]
   assert [event for _, event in log.events] == (
-      inner_run + [("reset", 4)] + inner_run + [("update", 1), ("reset", 4)] +
-      inner_run + [("update", 1), ("update", 1), ("close",), ("close",)])
+      inner_run + outer_step + inner_run + outer_step + inner_run +
+      [("update", 1), ("close",), ("close",)])
   assert [bar for bar, _ in log.events[-2:]] == [1, 0]
   assert log.of(1) == updates(1, 3)
 
@@ -489,6 +491,46 @@ def test_pmap_bars_write_only_final_rows_to_a_log(both_modes, transport):
     assert re.fullmatch(PMAP_FINAL_ROW.format(k=k), row), done.stderr
 
 
+PRINT_AFTER_PMAP = """
+import threading
+import jax, jax.numpy as jnp
+import host_callback as hcb
+from host_callback.tqdm import scan_tqdm
+
+printed = threading.Event()
+
+def hold(i, transforms):
+  # The outfeed mode: the bars draw on until the program has printed. The
+  # synchronous mode: the program writes "pmap result" while they draw.
+  printed.wait(timeout=0.5)
+
+@scan_tqdm(20_000, print_rate=1000)
+def step(carry, i):
+  jax.lax.cond(i == 1, lambda: hcb.id_tap(hold, i), lambda: i)
+  return carry + 1.0, None
+
+out = jax.pmap(lambda c: jax.lax.scan(step, c, jnp.arange(20_000))[0])(
+    jnp.zeros(4))
+print("pmap result", out)
+printed.set()
+"""
+
+
+def test_a_print_after_pmap_stays_intact_beside_drawing_bars(both_modes,
+                                                             transport):
+  """No barrier before the print: `pmap` returns while the bars draw. In
+  the synchronous mode the print waits for the result, and so for the
+  bars: the line comes below their final rows; in the outfeed mode it
+  comes while they draw, and they end below it."""
+  shown = run_in_terminal(PRINT_AFTER_PMAP, _mode_env(both_modes, transport))
+  result = "pmap result [20000. 20000. 20000. 20000.]"
+  rows = shown[:4] if both_modes == "synchronous" else shown[1:]
+  assert shown[4 if both_modes == "synchronous" else 0] == result, shown
+  assert len(shown) == 5 and len(rows) == 4, shown
+  for k, line in enumerate(rows):
+    assert re.fullmatch(PMAP_FINAL_ROW.format(k=k), line), shown
+
+
 def test_id_print_writes_above_an_open_bar(both_modes, transport):
   shown = run_in_terminal("""
       import jax, jax.numpy as jnp
@@ -531,8 +573,23 @@ def test_a_loop_shorter_than_its_total_closes_at_the_barrier(log):
 
   assert int(scan(step, 500)[0]) == 500
   hcb.barrier_wait()
-  assert log.of(0) == [("update", 10)] * 49 + [("close",)]
-  assert log.bars[0].n == 490 and "ended early" in str(log.bars[0])
+  assert log.of(0) == [("update", 10)] * 50 + [("close",)]
+  assert log.bars[0].n == 500 and "ended early" in str(log.bars[0])
+
+
+def test_a_loop_that_ends_early_shows_the_steps_it_ran(log):
+  """500 of a declared 2,000 steps, at the default print rate (100): the
+  bar ends at 500, not at the last multiple of the rate it began (400)."""
+  @scan_tqdm(2000)
+  def step(carry, i):
+    return carry + 1, None
+
+  assert int(scan(step, 500)[0]) == 500
+  hcb.barrier_wait()
+  assert re.fullmatch(
+      r"Running for 2,000 iterations:  25%\|██▌       \| 500/2000 "
+      r"\[[\d:]+<[\d:]+, [\d.]+it/s, ended early\]", str(log.bars[0])), (
+          str(log.bars[0]))
 
 
 def test_a_while_loop_that_ends_before_its_total_says_so(log):
@@ -563,14 +620,14 @@ def test_bars_that_overrun_their_total_count_on(log):
   assert log.made()[1:] == [(DESC.format(50), 50, 0),
                             (DESC.format(50), None, 0)]
   assert log.of(1) == updates(10, 50)
-  assert log.bars[2].n == 70 and log.of(2)[-1] == ("close",)
+  assert log.bars[2].n == 80 and log.of(2)[-1] == ("close",)
   assert "past its total of 50" in str(log.bars[2])
 
 
 def test_per_device_bars_of_failed_runs_end_in_device_order(both_modes,
                                                              transport):
   """Each device's loop fails at step 3 (a call that raises; the bars
-  show step 2): each run's rows are written in device order, whichever
+  show the 3 steps before it): each run's rows are written in device order, whichever
   device ended first."""
   done = run_python("""
       import jax, jax.numpy as jnp
@@ -601,7 +658,7 @@ def test_per_device_bars_of_failed_runs_end_in_device_order(both_modes,
   rows = [line for line in done.stderr.splitlines() if "iterations" in line]
   assert [row.split(":")[:2] for row in rows] == [
       ["cpu", str(k)] for k in range(4)] * 2, done.stderr
-  assert all(re.search(r"\| 2/10 \[.*ended early\]$", row) for row in rows), (
+  assert all(re.search(r"\| 3/10 \[.*ended early\]$", row) for row in rows), (
       done.stderr)
 
 
