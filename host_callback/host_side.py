@@ -39,7 +39,6 @@ def transport(name: str) -> Transport:
   return runtime.transports()[name]
 
 
-
 @dataclasses.dataclass
 class _Registrations:
   """What the receiver holds for one live host function: a consumer per
@@ -73,7 +72,6 @@ def _retire(registrations: _Registrations) -> None:
 def open_device(producer: Transport, device_id: int) -> None:
   """Opens the queue of a device that may send to `producer`."""
   runtime.open_device(producer.name, device_id)
-
 
 
 def context_of(function: HostFunction) -> str:
@@ -118,8 +116,6 @@ def register_site(producer: Transport, function: HostFunction,
   with _registrations_lock:
     _registrations_of(function).sites.add((producer.name, site))
   return site
-
-
 
 
 def raise_recorded_error() -> None:
@@ -170,7 +166,6 @@ def queues_drained() -> bool:
   return True
 
 
-
 def wait_released() -> None:
   """Waits until the queues have released every packet consumed so far."""
   running = runtime.running_receiver()
@@ -184,7 +179,6 @@ def start_receiver() -> None:
   too late for a computation still running when the program ends (Python
   3.12 starts no thread then)."""
   runtime.receiver()
-
 
 
 # The barrier that drains at exit: `barrier.barrier_wait`, which `barrier`

@@ -5,6 +5,7 @@ made of imports inside functions."""
 from __future__ import annotations
 
 import ast
+import re
 import pathlib
 import subprocess
 import sys
@@ -115,3 +116,37 @@ def test_every_patch_of_jax_is_listed_and_installed():
   entry = _jax_adapter.mlir._lowerings[loops.while_p]
   # A LoweringRuleEntry in jax 0.10, the rule itself in earlier versions.
   assert getattr(entry, "rule", entry) is _jax_adapter._while_lowering
+
+
+_EXTERNAL = ("jax/", "xla/")  # JAX's and XLA's own sources, named as such
+
+
+def test_the_architecture_doc_s_file_references_resolve():
+  """Each `file.ext` or `file.ext:Name` that docs/architecture.md names is
+  one file of the repository, and holds the name."""
+  root = PACKAGE.parent
+  tracked = subprocess.run(["git", "ls-files"], cwd=root, capture_output=True,
+                           text=True, check=True).stdout.splitlines()
+  text = (root / "docs" / "architecture.md").read_text()
+  unresolved = []
+  for match in re.finditer(
+      r"(?<![\w/.])([\w/]+\.(?:py|cc|h))(?!\w)(?::([A-Za-z_][\w:]*))?", text):
+    path, name = match.groups()
+    if path.startswith(_EXTERNAL):
+      continue
+    found = [f for f in tracked if f == path or f.endswith("/" + path)]
+    if len(found) != 1:
+      unresolved.append(f"{path}: {len(found)} files")
+    elif name and name.split(":")[-1] not in (root / found[0]).read_text():
+      unresolved.append(f"{path}:{name}: no such name there")
+  assert unresolved == []
+
+
+def test_no_runs_of_blank_lines():
+  """At most two blank lines in a row in the package's and tools' code."""
+  root = PACKAGE.parent
+  runs = [str(path.relative_to(root))
+          for folder in ("host_callback", "receiver", "tools")
+          for path in (root / folder).rglob("*.py")
+          if "\n\n\n\n" in path.read_text()]
+  assert runs == []
