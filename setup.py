@@ -97,7 +97,8 @@ class OptionalBuildExt(build_ext):
 
 # The native core by part (see docs/architecture.md, "The native parts").
 SOURCES = (
-    "block_pool.cc", "device_queue.cc", "calls.cc", "direct_runs.cc",
+    "block_pool.cc", "device_queue.cc", "device_queue_claims.cc",
+    "calls.cc", "direct_runs.cc",
     "interrupts.cc", "receiver_link.cc", "site_sizes.cc", "hub.cc",
     "ffi_common.cc", "ffi_cpu.cc", "cuda_api.cc", "cuda_copies.cc",
     "ffi_cuda.cc",

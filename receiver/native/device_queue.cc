@@ -205,43 +205,6 @@ int64_t DeviceQueue::Take(double timeout_s, uint8_t* dst, int64_t capacity,
                      /*by_consumer=*/true);
 }
 
-int64_t DeviceQueue::TakeAsGuest(uint8_t* dst, int64_t capacity,
-                                 IndexEntry* index, int64_t* needed) {
-  *needed = 0;
-  std::unique_lock<std::mutex> lock(mu_);
-  // No consumer holds a batch (it would finish it first), no host function
-  // runs on a device thread, and a packet waits.
-  if (consumer_ != std::thread::id() || direct_depth_ > 0 || unread_ == 0) {
-    return 0;
-  }
-  // Claimed before TakeWaiting unlocks: the consumer takes nothing after
-  // the guest's packet until the guest has consumed it.
-  guest_ = true;
-  Claim();
-  const int64_t count = TakeWaiting(lock, dst, capacity, index,
-                                    /*max_packets=*/1, needed,
-                                    /*by_consumer=*/false);
-  guest_packets_ = count;
-  guest_bytes_ = 0;
-  for (int64_t i = 0; i < count; ++i) guest_bytes_ += index[i].size;
-  if (count == 0) {  // too large for `dst`, or dropped: nothing to consume
-    lock.unlock();
-    EndGuest();
-  }
-  return count;
-}
-
-void DeviceQueue::EndGuest() {
-  std::lock_guard<std::mutex> lock(mu_);
-  if (!guest_ || direct_owner_ != std::this_thread::get_id()) return;
-  finished_ += guest_packets_;
-  bytes_ -= guest_bytes_;
-  guest_ = false;
-  guest_packets_ = guest_bytes_ = 0;
-  changed_.notify_all();
-  ReleaseClaim();
-}
-
 int64_t DeviceQueue::TakeWaiting(std::unique_lock<std::mutex>& lock,
                                  uint8_t* dst, int64_t capacity,
                                  IndexEntry* index, int64_t max_packets,
@@ -249,25 +212,40 @@ int64_t DeviceQueue::TakeWaiting(std::unique_lock<std::mutex>& lock,
   // Under the lock, only find the byte ranges of whole small packets, and
   // take the blocks of large ones: the device no longer touches them, so
   // the small ones are copied after unlocking, and the blocks are lent.
-  struct Piece {
-    const uint8_t* begin;
-    int64_t bytes;
-    Block* block;  // a large packet's, else null
-  };
   // Allocated before anything changes: nothing below throws.
-  std::vector<Piece> pieces;
-  std::vector<std::unique_ptr<Chunk>> retired;  // read to their end
-  pieces.reserve(chunks_.size());
-  retired.reserve(chunks_.size());
-  int64_t taken_bytes = 0, packets = 0;
+  Taken taken;
+  taken.pieces.reserve(chunks_.size());
+  taken.retired.reserve(chunks_.size());
+  FindWaiting(capacity, max_packets, needed, &taken);
+  if (taken.packets > 0 && by_consumer) {
+    consumer_ = std::this_thread::get_id();
+  }
+  hurry_ = unread_ > 0;  // a backlog: the next batch at once
+  lock.unlock();
+  const Indexed indexed = CopyAndIndex(taken.pieces, dst, index);
+  lock.lock();
+  if (by_consumer) expect_request_ = indexed.requests;
+  if (indexed.dropped > 0) {
+    finished_ += indexed.dropped;
+    bytes_ -= indexed.dropped_bytes;
+    changed_.notify_all();
+  }
+  KeepForReuse(taken.retired);
+  return indexed.count;
+}
+
+void DeviceQueue::FindWaiting(int64_t capacity, int64_t max_packets,
+                              int64_t* needed, Taken* taken) {
+  int64_t taken_bytes = 0;
+  int64_t& packets = taken->packets;
   while (packets < max_packets && !chunks_.empty()) {
     Chunk* chunk = chunks_.front().get();
     if (chunk->block != nullptr) {  // a large packet, complete once queued
-      pieces.push_back({chunk->block->data, chunk->used, chunk->block});
+      taken->pieces.push_back({chunk->block->data, chunk->used, chunk->block});
       chunk->block = nullptr;
       unread_ -= chunk->used;
       ++packets;
-      retired.push_back(std::move(chunks_.front()));
+      taken->retired.push_back(std::move(chunks_.front()));
       chunks_.pop_front();
       continue;
     }
@@ -283,63 +261,55 @@ int64_t DeviceQueue::TakeWaiting(std::unique_lock<std::mutex>& lock,
       ++packets;
     }
     if (read_offset_ > begin) {
-      pieces.push_back({chunk->begin() + begin, read_offset_ - begin, nullptr});
+      taken->pieces.push_back(
+          {chunk->begin() + begin, read_offset_ - begin, nullptr});
       unread_ -= read_offset_ - begin;
     }
     // Stop in a chunk not read to its end, or where the device still writes.
     if (read_offset_ < chunk->used || chunks_.size() == 1) break;
-    retired.push_back(std::move(chunks_.front()));
+    taken->retired.push_back(std::move(chunks_.front()));
     chunks_.pop_front();
     read_offset_ = 0;
   }
-  if (packets > 0 && by_consumer) consumer_ = std::this_thread::get_id();
-  hurry_ = unread_ > 0;  // a backlog: the next batch at once
-  lock.unlock();
+}
 
+DeviceQueue::Indexed DeviceQueue::CopyAndIndex(
+    const std::vector<Piece>& pieces, uint8_t* dst, IndexEntry* index) {
   // Its device gave up waiting for a request: nobody to answer.
   Calls* calls = links_.calls;
-  auto live = [&](const PacketHeader& header) {
-    return header.request_id == 0 || calls->Waiting(header.request_id);
+  Indexed indexed;
+  auto add = [&](const PacketHeader& header, const IndexEntry& entry) {
+    indexed.requests |= header.request_id != 0;
+    if (header.request_id == 0 || calls->Waiting(header.request_id)) {
+      index[indexed.count++] = entry;
+      return true;
+    }
+    ++indexed.dropped;
+    indexed.dropped_bytes += header.size;
+    return false;
   };
-  int64_t count = 0, dropped = 0, dropped_bytes = 0, offset = 0;
-  bool requests = false;
+  int64_t offset = 0;
   for (const Piece& piece : pieces) {
     if (piece.block != nullptr) {
       const PacketHeader header = ReadHeader(piece.begin);
-      requests |= header.request_id != 0;
-      if (live(header)) {
-        index[count++] = IndexEntry{
-            0, header.site, header.request_id, header.size,
-            reinterpret_cast<int64_t>(piece.block),
-            reinterpret_cast<int64_t>(piece.block->data)};
-      } else {
-        ReturnBlock(piece.block);
-        ++dropped;
-        dropped_bytes += header.size;
-      }
+      const IndexEntry lent{0, header.site, header.request_id, header.size,
+                            reinterpret_cast<int64_t>(piece.block),
+                            reinterpret_cast<int64_t>(piece.block->data)};
+      if (!add(header, lent)) ReturnBlock(piece.block);
       continue;
     }
     std::memcpy(dst + offset, piece.begin, piece.bytes);
     for (const int64_t end = offset + piece.bytes; offset < end;) {
       const PacketHeader header = ReadHeader(dst + offset);
-      requests |= header.request_id != 0;
-      if (live(header)) {
-        index[count++] = IndexEntry{offset, header.site, header.request_id,
-                                    header.size, 0, 0};
-      } else {
-        ++dropped;
-        dropped_bytes += header.size;
-      }
+      add(header, IndexEntry{offset, header.site, header.request_id,
+                             header.size, 0, 0});
       offset += header.size;
     }
   }
-  lock.lock();
-  if (by_consumer) expect_request_ = requests;
-  if (dropped > 0) {
-    finished_ += dropped;
-    bytes_ -= dropped_bytes;
-    changed_.notify_all();
-  }
+  return indexed;
+}
+
+void DeviceQueue::KeepForReuse(std::vector<std::unique_ptr<Chunk>>& retired) {
   for (std::unique_ptr<Chunk>& chunk : retired) {
     if (spare_.size() < kSpareChunks && chunk->data != nullptr &&
         chunk->capacity == kChunkBytes) {
@@ -351,7 +321,6 @@ int64_t DeviceQueue::TakeWaiting(std::unique_lock<std::mutex>& lock,
       }
     }
   }
-  return count;
 }
 
 void DeviceQueue::Release(int64_t packets, int64_t released_bytes) {
@@ -431,45 +400,6 @@ void DeviceQueue::WakeConsumerToStop() {
 bool DeviceQueue::Drained() {
   std::lock_guard<std::mutex> lock(mu_);
   return enqueued_ == finished_;
-}
-
-bool DeviceQueue::ClaimIfIdle() {
-  std::lock_guard<std::mutex> lock(mu_);
-  if (direct_depth_ > 0 && direct_owner_ != std::this_thread::get_id()) {
-    return false;
-  }
-  // Finished counts lag until the consumer's next Take: a consumer between
-  // batches still counts as busy, so order with queued packets holds.
-  if (enqueued_ != finished_) return false;
-  Claim();
-  return true;
-}
-
-void DeviceQueue::EndClaim() {
-  std::lock_guard<std::mutex> lock(mu_);
-  if (--direct_depth_ > 0) return;
-  ReleaseClaim();
-}
-
-bool DeviceQueue::ConsumingOnThisThread() {
-  std::lock_guard<std::mutex> lock(mu_);
-  return consumer_ == std::this_thread::get_id();
-}
-
-bool DeviceQueue::SuspendClaim() {
-  std::lock_guard<std::mutex> lock(mu_);
-  if (direct_depth_ == 0 || direct_owner_ != std::this_thread::get_id() ||
-      !direct_busy_) {
-    return false;
-  }
-  direct_busy_ = false;
-  not_empty_.notify_all();
-  return true;
-}
-
-void DeviceQueue::ResumeClaim() {
-  std::lock_guard<std::mutex> lock(mu_);
-  direct_busy_ = true;
 }
 
 }  // namespace hcb

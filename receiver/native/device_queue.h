@@ -161,6 +161,34 @@ class DeviceQueue {
   int64_t TakeWaiting(std::unique_lock<std::mutex>& lock, uint8_t* dst,
                       int64_t capacity, IndexEntry* index,
                       int64_t max_packets, int64_t* needed, bool by_consumer);
+  // TakeWaiting's phases. A byte range of whole small packets in a chunk,
+  // or a large packet's block.
+  struct Piece {
+    const uint8_t* begin;
+    int64_t bytes;
+    Block* block;  // a large packet's, else null
+  };
+  struct Taken {
+    std::vector<Piece> pieces;
+    std::vector<std::unique_ptr<Chunk>> retired;  // read to their end
+    int64_t packets = 0;
+  };
+  struct Indexed {
+    int64_t count = 0;  // entries written to the index
+    int64_t dropped = 0, dropped_bytes = 0;  // requests nobody waits for
+    bool requests = false;                   // any request among them
+  };
+  // Under `mu_`: finds up to `max_packets` waiting packets within
+  // `capacity` bytes (`*needed`: the first one's size where it alone does
+  // not fit), and takes them off the queue.
+  void FindWaiting(int64_t capacity, int64_t max_packets, int64_t* needed,
+                   Taken* taken);
+  // Without `mu_`: copies the small packets into `dst`, and indexes those
+  // and the lent blocks; drops requests whose device gave up waiting.
+  Indexed CopyAndIndex(const std::vector<Piece>& pieces, uint8_t* dst,
+                       IndexEntry* index);
+  // Under `mu_`: keeps read chunks as spares, up to kSpareChunks.
+  void KeepForReuse(std::vector<std::unique_ptr<Chunk>>& retired);
   // Under `mu_` (held by `lock`, released while it waits): waits while the
   // queue is over its bound.
   Status WaitForRoom(std::unique_lock<std::mutex>& lock, int64_t size);

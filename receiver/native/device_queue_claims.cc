@@ -1,0 +1,87 @@
+// The claims on a device queue (device_queue.h): a direct run's (a host
+// function run on the device's thread, direct_runs.h), a guest's (a barrier
+// that consumes waiting packets itself), their suspension while the owner
+// waits for a request of its own device, and the consumer's thread. Kept
+// apart from the packets' path (device_queue.cc); the same `mu_` guards both.
+
+#include "device_queue.h"
+
+namespace hcb {
+
+int64_t DeviceQueue::TakeAsGuest(uint8_t* dst, int64_t capacity,
+                                 IndexEntry* index, int64_t* needed) {
+  *needed = 0;
+  std::unique_lock<std::mutex> lock(mu_);
+  // No consumer holds a batch (it would finish it first), no host function
+  // runs on a device thread, and a packet waits.
+  if (consumer_ != std::thread::id() || direct_depth_ > 0 || unread_ == 0) {
+    return 0;
+  }
+  // Claimed before TakeWaiting unlocks: the consumer takes nothing after
+  // the guest's packet until the guest has consumed it.
+  guest_ = true;
+  Claim();
+  const int64_t count = TakeWaiting(lock, dst, capacity, index,
+                                    /*max_packets=*/1, needed,
+                                    /*by_consumer=*/false);
+  guest_packets_ = count;
+  guest_bytes_ = 0;
+  for (int64_t i = 0; i < count; ++i) guest_bytes_ += index[i].size;
+  if (count == 0) {  // too large for `dst`, or dropped: nothing to consume
+    lock.unlock();
+    EndGuest();
+  }
+  return count;
+}
+
+void DeviceQueue::EndGuest() {
+  std::lock_guard<std::mutex> lock(mu_);
+  if (!guest_ || direct_owner_ != std::this_thread::get_id()) return;
+  finished_ += guest_packets_;
+  bytes_ -= guest_bytes_;
+  guest_ = false;
+  guest_packets_ = guest_bytes_ = 0;
+  changed_.notify_all();
+  ReleaseClaim();
+}
+
+bool DeviceQueue::ClaimIfIdle() {
+  std::lock_guard<std::mutex> lock(mu_);
+  if (direct_depth_ > 0 && direct_owner_ != std::this_thread::get_id()) {
+    return false;
+  }
+  // Finished counts lag until the consumer's next Take: a consumer between
+  // batches still counts as busy, so order with queued packets holds.
+  if (enqueued_ != finished_) return false;
+  Claim();
+  return true;
+}
+
+void DeviceQueue::EndClaim() {
+  std::lock_guard<std::mutex> lock(mu_);
+  if (--direct_depth_ > 0) return;
+  ReleaseClaim();
+}
+
+bool DeviceQueue::ConsumingOnThisThread() {
+  std::lock_guard<std::mutex> lock(mu_);
+  return consumer_ == std::this_thread::get_id();
+}
+
+bool DeviceQueue::SuspendClaim() {
+  std::lock_guard<std::mutex> lock(mu_);
+  if (direct_depth_ == 0 || direct_owner_ != std::this_thread::get_id() ||
+      !direct_busy_) {
+    return false;
+  }
+  direct_busy_ = false;
+  not_empty_.notify_all();
+  return true;
+}
+
+void DeviceQueue::ResumeClaim() {
+  std::lock_guard<std::mutex> lock(mu_);
+  direct_busy_ = true;
+}
+
+}  // namespace hcb
