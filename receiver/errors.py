@@ -6,11 +6,73 @@ from __future__ import annotations
 import logging
 import threading
 import traceback
+import types
 from typing import Optional, Tuple
 
 from . import interrupts
 
 logger = logging.getLogger("host_callback")
+
+# The package whose modules' frames call host functions: `host_callback`
+# (this module is `host_callback.receiver.errors`).
+_PACKAGE = __name__.partition(".")[0]
+
+
+def names_its_cause(error: BaseException) -> bool:
+  """Whether `error` is one of the package's own, whose message names the
+  host function and what went wrong ("host_callback.call: f raised ...");
+  the exception the host function raised, if any, is its `__cause__`."""
+  try:
+    return str(error).startswith("host_callback")
+  except Exception:  # pylint: disable=broad-except  (a broken __str__)
+    return False
+
+
+def _is_the_package(frame: types.TracebackType) -> bool:
+  module = frame.tb_frame.f_globals.get("__name__", "")
+  return module == _PACKAGE or module.startswith(_PACKAGE + ".")
+
+
+def _host_frames(tb: Optional[types.TracebackType]
+                 ) -> Optional[types.TracebackType]:
+  """`tb` from its first frame that is not the package's: the host
+  function's own frames, below the package's that called it; None when
+  every frame is the package's."""
+  while tb is not None and _is_the_package(tb):
+    tb = tb.tb_next
+  return tb
+
+
+def host_traceback(error: BaseException) -> str:
+  """`error`'s traceback as Python prints it (with the exceptions it
+  chains), from the host function's own frame: without the package's
+  frames that called it. Empty when it has no frame of its own (the
+  package raised it, e.g. for a call's result of the wrong shape)."""
+  frames = _host_frames(error.__traceback__)
+  if frames is None:
+    return ""
+  return "".join(traceback.TracebackException(
+      type(error), error, frames).format()).rstrip("\n")
+
+
+def with_host_traceback(message: str, error: BaseException) -> str:
+  """`message` (a line that names the host function and `error`), then
+  `error`'s traceback from the host function's own frame, where it has
+  one: what a computation that waited for the host function fails with,
+  as `jax.pure_callback`'s does."""
+  formatted = host_traceback(error)
+  return f"{message}\n{formatted}" if formatted else message
+
+
+def _barrier_traceback(error: BaseException) -> str:
+  """The traceback that the barrier's message and the log show: that of
+  the exception the host function raised (the cause an error of ours
+  names), from its own frame; the whole of `error`'s when it has none."""
+  raised = (error.__cause__ if names_its_cause(error) and
+            error.__cause__ is not None else error)
+  formatted = host_traceback(raised)
+  return (f"{formatted}\n" if formatted else
+          "".join(traceback.format_exception(error)))
 
 
 class CallbackException(Exception):
@@ -49,7 +111,7 @@ class ErrorLog:
     if delivered and interrupts.ctrl_c(error):
       logger.debug("A host function was interrupted: %r", error)
       return
-    formatted = "".join(traceback.format_exception(error))
+    formatted = _barrier_traceback(error)
     if delivered:  # the computation that waits fails with it
       logger.debug("A host function raised: %s", formatted)
     else:

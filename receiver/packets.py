@@ -8,6 +8,8 @@ from typing import Callable, List, Optional, Sequence
 
 import numpy as np
 
+from .errors import names_its_cause, with_host_traceback
+
 # How often a blocked wait wakes up to re-check its way out (stop flag).
 POLL_SECONDS = 0.05
 
@@ -27,11 +29,15 @@ class ReceiverStopped(RuntimeError):
 
 
 def error_message(error: BaseException, context: str) -> str:
-  """What a device that waited for a host function fails with."""
+  """What a device that waited for a host function fails with: a line that
+  names the host function (`context`) and `error`, then the host
+  function's traceback (errors of ours carry their cause's already)."""
+  if names_its_cause(error):
+    return f"{context} raised {error}" if context else str(error)
   message = str(error) if error.args else type(error).__name__
-  if not message.startswith("host_callback"):  # ours name their cause
-    message = f"{type(error).__name__}: {message}"
-  return f"{context} raised {message}" if context else message
+  line = f"{type(error).__name__}: {message}"
+  return with_host_traceback(
+      f"{context} raised {line}" if context else line, error)
 
 
 def device_error(error: BaseException, context: str) -> BaseException:
