@@ -15,7 +15,6 @@ import numpy as np
 
 from . import stop_listeners
 from .receiver import interrupts
-from .receiver.errors import with_host_traceback
 
 # A transformation entry as stored in primitive params (hashable):
 # (name, ((param_name, value), ...)).
@@ -335,9 +334,9 @@ def make_consumer(function: HostFunction, transforms: Transforms,
       if (not isinstance(error, (Exception, KeyboardInterrupt)) or
           interrupts.ctrl_c(error)):
         raise
-      raise CallError(with_host_traceback(
+      raise CallError(
           f"host_callback.call: {function.name} raised "
-          f"{type(error).__name__}: {error}", error)) from error
+          f"{type(error).__name__}: {error}") from error
     return _check_results(function, result)
 
   return call

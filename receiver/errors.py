@@ -7,7 +7,7 @@ import logging
 import threading
 import traceback
 import types
-from typing import Optional, Tuple
+from typing import Optional, Set, Tuple
 
 from . import interrupts
 
@@ -43,36 +43,57 @@ def _host_frames(tb: Optional[types.TracebackType]
   return tb
 
 
+def _depth(tb: Optional[types.TracebackType]) -> int:
+  depth = 0
+  while tb is not None:
+    depth, tb = depth + 1, tb.tb_next
+  return depth
+
+
+def _drop_package_frames(formatted: Optional[traceback.TracebackException],
+                         error: Optional[BaseException],
+                         seen: Set[int]) -> None:
+  """Drops the package's leading frames from `formatted` (`error`'s) and
+  from the exceptions it chains, each where frames of its own remain."""
+  if formatted is None or error is None or id(error) in seen:
+    return
+  seen.add(id(error))
+  own = _host_frames(error.__traceback__)
+  if own is not None:
+    dropped = _depth(error.__traceback__) - _depth(own)
+    formatted.stack = traceback.StackSummary.from_list(
+        formatted.stack[dropped:])
+  _drop_package_frames(formatted.__cause__, error.__cause__, seen)
+  _drop_package_frames(formatted.__context__, error.__context__, seen)
+
+
 def host_traceback(error: BaseException) -> str:
-  """`error`'s traceback as Python prints it (with the exceptions it
-  chains), from the host function's own frame: without the package's
-  frames that called it. Empty when it has no frame of its own (the
-  package raised it, e.g. for a call's result of the wrong shape)."""
-  frames = _host_frames(error.__traceback__)
-  if frames is None:
-    return ""
-  return "".join(traceback.TracebackException(
-      type(error), error, frames).format()).rstrip("\n")
+  """`error`'s traceback as Python prints it, with the exceptions it
+  chains, each from the host function's own frame: without the package's
+  frames that called it (kept where there are no others)."""
+  formatted = traceback.TracebackException(type(error), error,
+                                           error.__traceback__)
+  _drop_package_frames(formatted, error, set())
+  return "".join(formatted.format())
 
 
-def with_host_traceback(message: str, error: BaseException) -> str:
-  """`message` (a line that names the host function and `error`), then
-  `error`'s traceback from the host function's own frame, where it has
-  one: what a computation that waited for the host function fails with,
-  as `jax.pure_callback`'s does."""
-  formatted = host_traceback(error)
-  return f"{message}\n{formatted}" if formatted else message
+def host_function_error(error: BaseException) -> BaseException:
+  """The exception the host function raised: `error`, or the cause that
+  an error of ours names (a call's CallError)."""
+  if names_its_cause(error) and error.__cause__ is not None:
+    return error.__cause__
+  return error
 
 
-def _barrier_traceback(error: BaseException) -> str:
-  """The traceback that the barrier's message and the log show: that of
-  the exception the host function raised (the cause an error of ours
-  names), from its own frame; the whole of `error`'s when it has none."""
-  raised = (error.__cause__ if names_its_cause(error) and
-            error.__cause__ is not None else error)
-  formatted = host_traceback(raised)
-  return (f"{formatted}\n" if formatted else
-          "".join(traceback.format_exception(error)))
+def with_host_traceback(line: str, error: BaseException) -> str:
+  """`line` (which names the host function and `error`), then the host
+  function's traceback, where it has frames of its own: what a computation
+  that waited for the host function fails with, as `jax.pure_callback`'s
+  does."""
+  raised = host_function_error(error)
+  if _host_frames(raised.__traceback__) is None:
+    return line  # e.g. a call's result of the wrong shape
+  return f"{line}\n{host_traceback(raised).rstrip()}"
 
 
 class CallbackException(Exception):
@@ -111,7 +132,7 @@ class ErrorLog:
     if delivered and interrupts.ctrl_c(error):
       logger.debug("A host function was interrupted: %r", error)
       return
-    formatted = _barrier_traceback(error)
+    formatted = host_traceback(error)
     if delivered:  # the computation that waits fails with it
       logger.debug("A host function raised: %s", formatted)
     else:
