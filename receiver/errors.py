@@ -1,5 +1,6 @@
-"""Exceptions raised by host functions: kept for the barrier, and logged at
-once when no waiting computation fails with them."""
+"""Exceptions raised by host functions: kept for the barrier, logged at
+once when no waiting computation fails with them, and shown with the host
+function's own traceback (its frames, not the package's that called it)."""
 
 from __future__ import annotations
 
