@@ -1,16 +1,100 @@
-"""Exceptions raised by host functions: kept for the barrier, and logged at
-once when no waiting computation fails with them."""
+"""Exceptions raised by host functions: kept for the barrier, logged at
+once when no waiting computation fails with them, and shown with the host
+function's own traceback (its frames, not the package's that called it)."""
 
 from __future__ import annotations
 
 import logging
 import threading
 import traceback
-from typing import Optional, Tuple
+import types
+from typing import Optional, Set, Tuple
 
 from . import interrupts
 
 logger = logging.getLogger("host_callback")
+
+# The package whose modules' frames call host functions: `host_callback`
+# (this module is `host_callback.receiver.errors`).
+_PACKAGE = __name__.partition(".")[0]
+
+
+def names_its_cause(error: BaseException) -> bool:
+  """Whether `error` is one of the package's own, whose message names the
+  host function and what went wrong ("host_callback.call: f raised ...");
+  the exception the host function raised, if any, is its `__cause__`."""
+  try:
+    return str(error).startswith("host_callback")
+  except Exception:  # pylint: disable=broad-except  (a broken __str__)
+    return False
+
+
+def _is_the_package(frame: types.TracebackType) -> bool:
+  module = frame.tb_frame.f_globals.get("__name__", "")
+  return module == _PACKAGE or module.startswith(_PACKAGE + ".")
+
+
+def _host_frames(tb: Optional[types.TracebackType]
+                 ) -> Optional[types.TracebackType]:
+  """`tb` from its first frame that is not the package's: the host
+  function's own frames, below the package's that called it; None when
+  every frame is the package's."""
+  while tb is not None and _is_the_package(tb):
+    tb = tb.tb_next
+  return tb
+
+
+def _depth(tb: Optional[types.TracebackType]) -> int:
+  depth = 0
+  while tb is not None:
+    depth, tb = depth + 1, tb.tb_next
+  return depth
+
+
+def _drop_package_frames(formatted: Optional[traceback.TracebackException],
+                         error: Optional[BaseException],
+                         seen: Set[int]) -> None:
+  """Drops the package's leading frames from `formatted` (`error`'s) and
+  from the exceptions it chains, each where frames of its own remain."""
+  if formatted is None or error is None or id(error) in seen:
+    return
+  seen.add(id(error))
+  own = _host_frames(error.__traceback__)
+  if own is not None:
+    dropped = _depth(error.__traceback__) - _depth(own)
+    formatted.stack = traceback.StackSummary.from_list(
+        formatted.stack[dropped:])
+  _drop_package_frames(formatted.__cause__, error.__cause__, seen)
+  _drop_package_frames(formatted.__context__, error.__context__, seen)
+
+
+def host_traceback(error: BaseException) -> str:
+  """`error`'s traceback as Python prints it, with the exceptions it
+  chains, each from the host function's own frame: without the package's
+  frames that called it (kept where there are no others)."""
+  formatted = traceback.TracebackException(type(error), error,
+                                           error.__traceback__)
+  _drop_package_frames(formatted, error, set())
+  return "".join(formatted.format())
+
+
+def host_function_error(error: BaseException) -> BaseException:
+  """The exception the host function raised: `error`, or the cause that
+  an error of ours names (a call's CallError)."""
+  if names_its_cause(error) and error.__cause__ is not None:
+    return error.__cause__
+  return error
+
+
+def with_host_traceback(line: str, error: BaseException) -> str:
+  """`line` (which names the host function and `error`), then the host
+  function's traceback, where it has frames of its own: what a computation
+  that waited for the host function fails with, as `jax.pure_callback`'s
+  does."""
+  raised = host_function_error(error)
+  if _host_frames(raised.__traceback__) is None:
+    return line  # e.g. a call's result of the wrong shape
+  return f"{line}\n{host_traceback(raised).rstrip()}"
 
 
 class CallbackException(Exception):
@@ -49,7 +133,7 @@ class ErrorLog:
     if delivered and interrupts.ctrl_c(error):
       logger.debug("A host function was interrupted: %r", error)
       return
-    formatted = "".join(traceback.format_exception(error))
+    formatted = host_traceback(error)
     if delivered:  # the computation that waits fails with it
       logger.debug("A host function raised: %s", formatted)
     else:

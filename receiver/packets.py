@@ -8,6 +8,8 @@ from typing import Callable, List, Optional, Sequence
 
 import numpy as np
 
+from .errors import host_function_error, names_its_cause, with_host_traceback
+
 # How often a blocked wait wakes up to re-check its way out (stop flag,
 # Ctrl-C), on both transports and in the barrier: the native module's
 # kPollInterval (native/waits.h, exported as POLL_SECONDS; a test keeps the
@@ -30,21 +32,33 @@ class ReceiverStopped(RuntimeError):
 
 
 def error_message(error: BaseException, context: str) -> str:
-  """What a device that waited for a host function fails with."""
-  message = str(error) if error.args else type(error).__name__
-  if not message.startswith("host_callback"):  # ours name their cause
-    message = f"{type(error).__name__}: {message}"
-  return f"{context} raised {message}" if context else message
+  """What a device that waited for a host function fails with: a line that
+  names the host function (`context`, or an error of ours names it) and
+  `error`, then the host function's traceback."""
+  if names_its_cause(error):
+    line = str(error)
+  else:
+    message = str(error) if error.args else type(error).__name__
+    line = f"{type(error).__name__}: {message}"
+  return with_host_traceback(f"{context} raised {line}" if context else line,
+                             error)
 
 
 def device_error(error: BaseException, context: str) -> BaseException:
   """What a device that waited for a host function raises when it raised
-  `error`; `context` (e.g. which host function raised it) prefixes the
-  message."""
-  if not context:
+  `error`: an error whose message is `error_message`'s, chained to the
+  host function's exception. `context` (e.g. which host function raised
+  it) prefixes the message; without one, an error of ours keeps its type
+  (a call's CallError, which JAX's GPU callbacks raise as it is), and any
+  other error (Ctrl-C) is raised as it is."""
+  if context:
+    raised: BaseException = RuntimeError(error_message(error, context))
+    raised.__cause__ = error
+    return raised
+  if error is host_function_error(error):
     return error
-  raised = RuntimeError(error_message(error, context))
-  raised.__cause__ = error
+  raised = type(error)(error_message(error, context))  # ours take a message
+  raised.__cause__ = error.__cause__
   return raised
 
 

@@ -7,6 +7,7 @@ mode `barrier_wait` reports it (`barrier_report`).
 """
 
 import functools
+import inspect
 import io
 import logging
 import re
@@ -328,6 +329,125 @@ def test_device_index_out_of_range():
                                  device_index=jax.device_count()))(1.)
 
 
+# --- the host function's own traceback ----------------------------------------
+
+
+def cholesky_of(x, *transforms):
+  """A host function (a call's, or a tap's) that fails in NumPy for a
+  matrix that is not positive definite."""
+  return np.linalg.cholesky(x)
+
+
+def _frame_of(function, text):
+  """How a traceback shows the line of `function` (defined in this file)
+  that holds `text`."""
+  lines, first = inspect.getsourcelines(function)
+  line = first + next(i for i, source in enumerate(lines) if text in source)
+  return (f'File "{inspect.getsourcefile(function)}", line {line}, '
+          f"in {function.__name__}")
+
+
+_CHOLESKY_FRAME = _frame_of(cholesky_of, "np.linalg.cholesky(x)")
+_LINALG_ERROR = "LinAlgError: Matrix is not positive definite"
+
+
+def _assert_shows_the_host_function(text, first=_CHOLESKY_FRAME):
+  """`text` has the host function's traceback: its own frame (`first`:
+  this file and the line that failed) first, not the package's, down to
+  `cholesky_of`'s line and NumPy's exception."""
+  assert _CHOLESKY_FRAME in text, text
+  assert f"numpy.linalg.{_LINALG_ERROR}" in text, text
+  assert f"Traceback (most recent call last):\n  {first}\n" in text, text
+
+
+@pytest.mark.parametrize("op", ["call", "tap"])
+def test_the_callers_error_shows_the_host_functions_traceback(op):
+  """Issue 50 item 1: the error of a jitted step whose host function raised
+  holds the host function's traceback in its message (as
+  `jax.pure_callback`'s does), from the user's own frame, on both
+  transports: on the first call, on later calls that JAX's C++ dispatch
+  runs, and on calls after a failed one. In the outfeed mode a tap's error
+  reaches the barrier instead, whose message holds the same traceback."""
+  host = {"call": lambda x: hcb.call(cholesky_of, x, result_shape=x),
+          "tap": lambda x: hcb.id_tap(cholesky_of, x)}[op]
+  step = jax.jit(lambda x: host(x) + 1.)
+  positive, negative = jnp.eye(2), -jnp.eye(2)
+  waits = op == "call" or synchronous()
+  for x in (positive, negative, negative, positive, negative):
+    if x is positive:
+      jax.block_until_ready(step(x))
+      continue
+    if not waits:
+      jax.block_until_ready(step(x))
+      _assert_shows_the_host_function(str(barrier_report()))
+      continue
+    with pytest.raises((jax.errors.JaxRuntimeError, ValueError),
+                       match=_LINALG_ERROR) as info:
+      jax.block_until_ready(step(x))
+    _assert_shows_the_host_function(str(info.value))
+    if not synchronous():  # a call's error reaches the barrier too
+      _assert_shows_the_host_function(str(barrier_report()))
+  hcb.barrier_wait()
+
+
+@pytest.mark.parametrize("op", ["call", "tap"])
+def test_an_eager_error_is_chained_to_the_host_functions_exception(op):
+  """Eager use in the synchronous mode runs the host function on the
+  caller's thread: the error it raises there is chained to the host
+  function's own exception, and its message holds the traceback. In the
+  outfeed mode a call's error is JAX's failed computation's (a message,
+  with the traceback), a tap's reaches the barrier."""
+  raised = []
+
+  def failing(x, *transforms):
+    try:
+      return cholesky_of(x)
+    except np.linalg.LinAlgError as error:
+      raised.append(error)
+      raise
+
+  host = {"call": lambda x: hcb.call(failing, x, result_shape=x),
+          "tap": lambda x: hcb.id_tap(failing, x)}[op]
+  shows_failing = functools.partial(
+      _assert_shows_the_host_function,
+      first=_frame_of(failing, "cholesky_of(x)"))
+  if op == "tap" and not synchronous():
+    host(-jnp.eye(2))
+    report = barrier_report()
+    assert report.__cause__ is raised[0]
+    shows_failing(str(report))
+    return
+  with pytest.raises(jax.errors.JaxRuntimeError, match=_LINALG_ERROR) as info:
+    jax.block_until_ready(host(-jnp.eye(2)))
+  shows_failing(str(info.value))
+  if synchronous():
+    assert info.value.__cause__ is raised[0]
+  else:
+    assert barrier_report().__cause__.__cause__ is raised[0]
+
+
+def test_an_error_only_the_barrier_reports_is_logged_once_with_its_traceback(
+    caplog):
+  """A tap's error in the outfeed mode would be lost until the barrier: it
+  is logged at once, at ERROR level, once, with the host function's
+  traceback. An error that fails the caller's computation is logged at
+  DEBUG level only (its message holds the traceback)."""
+  step = jax.jit(lambda x: hcb.id_tap(cholesky_of, x) + 1.)
+  with caplog.at_level(logging.ERROR, logger="host_callback"):
+    with fails_when_synchronous(_LINALG_ERROR):
+      jax.block_until_ready(step(-jnp.eye(2)))
+    barrier_report()
+  errors = [r for r in caplog.records if r.levelno >= logging.ERROR]
+  if synchronous():
+    assert errors == []
+    return
+  assert len(errors) == 1, errors
+  message = errors[0].getMessage()
+  assert message.startswith("Postponing exception raised in callback "
+                            "function: Traceback (most recent call last):")
+  _assert_shows_the_host_function(message)
+
+
 def test_an_error_that_failed_its_computation_is_raised_once(both_modes):
   """Synchronous mode: the tap's computation fails, and the barrier does not
   raise the error again, as in the original. Outfeed mode: the computation
@@ -473,6 +593,12 @@ def test_an_error_no_barrier_raised_is_reported_at_exit(transport):
   assert ("CallbackException: There were exceptions during callback "
           "processing") in done.stderr, done.stderr
   assert "ValueError: never seen by a barrier" in done.stderr, done.stderr
+  # Logged once, when it happened, and raised once, by the drain: each
+  # with the host function's own frame (line 4 of the script).
+  assert done.stderr.count("Postponing exception raised in callback "
+                           "function") == 1, done.stderr
+  assert done.stderr.count('File "<string>", line 4, in broken') == 2, (
+      done.stderr)
 
 
 @pytest.mark.parametrize("tap_func, shown", [

@@ -34,8 +34,8 @@ int64_t AlignUp64(int64_t n) {
 }
 
 // A Python exception's text, as the device reports it: a message of ours
-// (DirectRunError's names the host function) as it is, another one prefixed
-// by its type.
+// (DirectRunError's names the host function and holds its traceback,
+// packets.error_message) as it is, another one prefixed by its type.
 std::string Describe(PyObject* value) {
   std::string text = "host_callback: a host function failed";
   if (value == nullptr) return text;
