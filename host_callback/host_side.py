@@ -7,11 +7,10 @@ from __future__ import annotations
 
 import atexit
 import dataclasses
-import sys
 import threading
 import weakref
-from typing import (Any, Callable, Dict, List, Sequence, Set, Tuple, TypeVar,
-                    Union)
+from typing import (Any, Callable, Dict, List, Optional, Sequence, Set, Tuple,
+                    TypeVar, Union)
 
 import jax
 import numpy as np
@@ -23,6 +22,7 @@ from .host_functions import HostFunction, Transforms, make_consumer
 from .receiver import (Consumer, PythonTransport, QueueStats, Runtime,
                        Transport)
 from .receiver import transport_native
+from .receiver.interrupts import program_ended_by_ctrl_c
 
 T = TypeVar("T")
 
@@ -207,38 +207,43 @@ def blocking(call: Callable[[], T]) -> T:
 def _drain_at_exit() -> None:
   """Drains the queues. As the original's did, the barrier raises an error
   that no barrier raised yet, and Python prints it ("Exception ignored in
-  atexit callback"). Ctrl-C ends the drain: what was left is written to
-  stderr, and nothing more is waited for."""
+  atexit callback"). After Ctrl-C, one that ended the program or one that
+  ends the drain, no host function runs or is waited for: what was left
+  is written to stderr and the process ends at once (`_abandon`)."""
   try:
     runtime.check_usable()
   except RuntimeError:
     return  # a forked child: nothing of ours to drain
-  _Exit.draining, interrupted = True, False
+  interrupted = program_ended_by_ctrl_c()
   try:
-    for barrier_wait in _exit_barrier:
-      barrier_wait("at_exit")
-  except KeyboardInterrupt:
-    interrupted = True
-    sys.stderr.write(_left_undelivered())
-    # JAX's exit handlers would wait for them, where Ctrl-C cannot reach.
-    adapter.forget_runtime_tokens()
+    if interrupted:
+      _abandon("Ctrl-C ended the program")
+    else:
+      _Exit.draining = True
+      try:
+        for barrier_wait in _exit_barrier:
+          barrier_wait("at_exit")
+      except KeyboardInterrupt:
+        interrupted = True
+        _abandon("Ctrl-C ended the drain at exit")
   finally:
     runtime.shut_down(drain=not interrupted)
 
 
-def _left_undelivered() -> str:
-  """What an interrupted drain at exit says it left: the taps and calls not
-  run (or still running) by queue, and the executions of our computations
-  still running, one per device (counted with the native library only)."""
-  queued = ", ".join(
-      f"{count} {'tap or call' if count == 1 else 'taps or calls'} on "
-      f"device {device_id} ({name} transport)"
-      for (name, device_id), count in runtime.undelivered().items())
-  running = (transport_native.executions()[1]
-             if transport_policy.native_on_cpu() else 0)
-  return (f"host_callback: Ctrl-C ended the drain at exit; left undelivered: "
-          f"{queued or 'nothing queued'}; device executions still running: "
-          f"{running}\n")
+def _abandon(why: str) -> None:
+  """Ends the process at once, saying what was left, when a host function
+  runs or was dropped, or a computation of ours runs (`Runtime.abandon`);
+  otherwise returns, and the stop waits for nothing."""
+  runtime.abandon(why, _executions_running)
+  # JAX's exit handlers would wait for them, where Ctrl-C cannot reach.
+  adapter.forget_runtime_tokens()
+
+
+def _executions_running() -> Optional[int]:
+  """The executions of our computations still running, one per device;
+  None where they are not counted (without the native library)."""
+  return (transport_native.executions()[1]
+          if transport_policy.native_on_cpu() else None)
 
 
 runtime = Runtime(_make_transports, settings.queue_bytes,

@@ -11,6 +11,7 @@ from .errors import ErrorLog
 from .interrupts import ctrl_c
 from .packets import POLL_SECONDS, Packet
 from .registry import ConsumerRegistry
+from .run_counts import QueueRuns, RunCounts
 from .transport import QueueStats, Transport
 
 class _ConsumerThreads(threading.local):
@@ -63,10 +64,12 @@ class Receiver:
   """
 
   def __init__(self, transports: Mapping[str, Transport], max_bytes: int,
-               registry: ConsumerRegistry, errors: ErrorLog) -> None:
+               registry: ConsumerRegistry, errors: ErrorLog,
+               runs: RunCounts) -> None:
     self._stopped = threading.Event()
     self._registry = registry
     self._errors = errors
+    self._runs = runs
     self._lock = threading.Lock()
     self._threads: Dict[Tuple[str, int], threading.Thread] = {}
     # Per queue, the packets its consumer thread took and has not begun to
@@ -109,9 +112,10 @@ class Receiver:
 
   def _consume_taken(self, transport: Transport, device_id: int,
                      taken: Deque[Packet]) -> None:
+    runs = self._runs.of(transport.name, device_id)
     while taken:
       packet = taken.popleft()
-      self._consume(packet)
+      self._consume(packet, runs)
       transport.mark_finished(device_id, packet)
       del packet  # a large packet's memory returns to its pool now
 
@@ -137,23 +141,28 @@ class Receiver:
         taken = True
         while (taken and consumed < limit and not self.is_stopped() and
                transport.packets_waiting(device_id)):
+          runs = self._runs.of(transport.name, device_id)
           try:
             packets = transport.take_here(device_id)
             with consumer_thread():
               for packet in packets:
-                self._consume(packet, raise_interrupt=True)
+                self._consume(packet, runs, raise_interrupt=True)
           finally:
             transport.finish_here(device_id)  # also when interrupted
           taken = bool(packets)
           consumed += len(packets)
     return consumed > 0
 
-  def _consume(self, packet: Packet, raise_interrupt: bool = False) -> None:
-    """Runs the packet's consumer and replies to a request. An error, also
-    one in delivering the reply (e.g. results the device cannot take), is
-    recorded for the barrier and, for a request, fails the device; with
-    `raise_interrupt`, Ctrl-C on the main thread fails the device, and is
-    raised instead."""
+  def _consume(self, packet: Packet, runs: QueueRuns,
+               raise_interrupt: bool = False) -> None:
+    """Runs the packet's consumer and replies to a request, counted in
+    `runs`; once they are closed (the process ends), drops it. An error,
+    also one in delivering the reply (e.g. results the device cannot
+    take), is recorded for the barrier and, for a request, fails the
+    device; with `raise_interrupt`, Ctrl-C on the main thread fails the
+    device, and is raised instead."""
+    if not runs.begin(queued=True):
+      return
     try:
       consumer = self._registry.get(packet.consumer_id)
       result = consumer(packet.arrays, packet.device_id)
@@ -168,6 +177,8 @@ class Receiver:
         packet.reply.set_error(error, self._registry.context(packet.consumer_id))
       if interrupted:
         raise
+    finally:
+      runs.end()
 
   def wait_processed(self) -> None:
     """Waits until every packet sent so far has been consumed."""

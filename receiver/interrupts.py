@@ -24,6 +24,7 @@ from __future__ import annotations
 import _thread
 import dis
 import signal
+import sys
 import threading
 import weakref
 
@@ -92,3 +93,12 @@ def rearming_interrupt(error: BaseException) -> KeyboardInterrupt:
   raised.__cause__ = error
   raised.rearm_guard = _InterruptGuard()  # type: ignore[attr-defined]
   return raised
+
+
+def program_ended_by_ctrl_c() -> bool:
+  """Whether the program ended with a KeyboardInterrupt that nothing caught
+  (Python printed it, and keeps it as `sys.last_value`; it then exits as
+  SIGINT ends a process). Not in the interactive interpreter, whose
+  printed exceptions end nothing. For exit handlers."""
+  return (isinstance(getattr(sys, "last_value", None), KeyboardInterrupt) and
+          not hasattr(sys, "ps1"))

@@ -5,6 +5,7 @@ from __future__ import annotations
 import atexit
 import collections
 import dataclasses
+import functools
 import logging
 import os
 import threading
@@ -13,19 +14,17 @@ from typing import (Callable, Deque, Dict, FrozenSet, List, Mapping, Optional,
 
 import numpy as np
 
+from . import abandon
 from .blocking import BlockingCalls
 from .errors import ErrorLog
 from .interrupts import ctrl_c
 from .consumer_threads import Receiver, consumer_thread, consumer_threads
-from .packets import DirectRunError, device_error
+from .packets import DirectRunError, ReceiverStopped, device_error
 from .registry import Consumer, ConsumerRegistry
+from .run_counts import QueueKey, RunCounts
 from .transport import Transport
 
 logger = logging.getLogger("host_callback")
-
-# (transport name, device id)
-_QueueKey = Tuple[str, int]
-
 
 @dataclasses.dataclass(frozen=True)
 class _Retired:
@@ -34,15 +33,15 @@ class _Retired:
   for them is among those."""
   consumer_ids: Sequence[int]
   sites: Sequence[Tuple[str, int]]
-  sent: Optional[Mapping[_QueueKey, int]]  # None: unknown
+  sent: Optional[Mapping[QueueKey, int]]  # None: unknown
 
 
 class Runtime:
   """Owns the consumer registry, the error log, the transports and the
   current receiver.
 
-  The registry, the error log and the transports (with their device queues)
-  outlive receiver restarts. A device that sends while no receiver runs
+  The registry, the error log, the transports (with their device queues)
+  and the counts of host functions run outlive receiver restarts. A device that sends while no receiver runs
   starts one. `_lock` guards `_receiver` and `_transports`; `_stop_lock`
   makes stops one at a time. Neither is held while host functions run.
   """
@@ -52,10 +51,11 @@ class Runtime:
     """`at_exit` runs at interpreter exit if a receiver was ever started."""
     self.registry = ConsumerRegistry()
     self.errors = ErrorLog()
+    self.runs = RunCounts()
     # What no executable uses any more, until its packets are consumed.
     self._retired: Deque[_Retired] = collections.deque()
     # The queues opened through `open_device`, readable without a lock.
-    self._opened: Set[_QueueKey] = set()
+    self._opened: Set[QueueKey] = set()
     # The devices of `_opened`, replaced (not changed) when one opens: read
     # without a lock on every barrier.
     self._open_device_ids: FrozenSet[int] = frozenset()
@@ -100,7 +100,8 @@ class Runtime:
         transports = dict(self._make_transports())
         for transport in transports.values():
           transport.set_restart_hook(self.receiver)
-          transport.set_direct_runner(self.run_direct)
+          transport.set_direct_runner(
+              functools.partial(self.run_direct, transport.name))
           transport.set_nested_consumer(
               lambda device_id, transport=transport:
               self.receiver().consume_nested(transport, device_id))
@@ -118,7 +119,7 @@ class Runtime:
       if self._receiver is None:
         max_bytes = self._max_bytes()
         self._receiver = Receiver(transports, max_bytes, self.registry,
-                                  self.errors)
+                                  self.errors, self.runs)
         logger.debug("host_callback: receiver started (transports %s; at "
                       "most %d bytes waiting per device)",
                       ", ".join(transports), max_bytes)
@@ -138,10 +139,15 @@ class Runtime:
       self._at_exit_registered = True
       self.blocking_calls.start()
 
-  def run_direct(self, consumer_id: int, device_id: int,
+  def run_direct(self, name: str, consumer_id: int, device_id: int,
                  arrays: List[np.ndarray]) -> Optional[Sequence[np.ndarray]]:
     """Runs a consumer on the calling device thread, as its receiver thread
-    would: an error is recorded, then raised as `DirectRunError`."""
+    would (for the queue of transport `name`): an error is recorded, then
+    raised as `DirectRunError`. Once the process ends (`abandon`), fails."""
+    runs = self.runs.of(name, device_id)
+    if not runs.begin(queued=False):
+      raise ReceiverStopped("host_callback: the process is ending after "
+                            "Ctrl-C; host functions no longer run")
     # As consumer_thread() does, inline: this runs for every direct request.
     previous, consumer_threads.active = consumer_threads.active, True
     try:
@@ -152,6 +158,7 @@ class Runtime:
                            interrupted=ctrl_c(error)) from error
     finally:
       consumer_threads.active = previous
+      runs.end()
 
   def run_here(self, consumer: Consumer, context: str, device_id: int,
                arrays: List[np.ndarray]) -> Optional[Sequence[np.ndarray]]:
@@ -187,7 +194,7 @@ class Runtime:
     with self._lock:
       self._register_at_exit()
 
-  def _sent(self) -> Dict[_QueueKey, int]:
+  def _sent(self) -> Dict[QueueKey, int]:
     """Packets sent so far by each opened queue. Takes no lock but the
     Python queues' own (reentrant) ones, so a finalizer may call it."""
     transports = self._transports or {}
@@ -195,7 +202,7 @@ class Runtime:
             for name, device_id in tuple(self._opened)
             if name in transports}
 
-  def _consumed(self, sent: Optional[Mapping[_QueueKey, int]]) -> bool:
+  def _consumed(self, sent: Optional[Mapping[QueueKey, int]]) -> bool:
     """Whether each queue has consumed (and released) its first `sent[key]`
     packets (all it was sent, when `sent` is None). Reads the count sent
     before the count waiting, so that their difference never overstates
@@ -287,13 +294,14 @@ class Runtime:
         _log_stopped(receiver)
         receiver.detach()
 
-  def undelivered(self) -> Dict[_QueueKey, int]:
-    """The packets not yet consumed (or still being consumed), by queue,
-    where there are any."""
-    transports = self._transports or {}
-    waiting = {key: transports[key[0]].stats(key[1]).packets_waiting
-               for key in sorted(tuple(self._opened)) if key[0] in transports}
-    return {key: count for key, count in waiting.items() if count}
+  def abandon(self, why: str,
+              executions_running: Callable[[], Optional[int]]) -> None:
+    """After Ctrl-C at exit: no host function begins any more; when any
+    runs, was dropped or may still be called (`executions_running()`,
+    None where not counted), writes what was left to stderr, beginning
+    with `why`, and ends the process at once (`receiver/abandon.py`).
+    Returns only when nothing was left."""
+    abandon.abandon(self.runs, self._sent, executions_running, why)
 
 
 def _log_stopped(receiver: Receiver) -> None:

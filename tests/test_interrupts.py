@@ -2,16 +2,21 @@
 stopped, and reaches only the thread that waits on it (each case in a fresh
 interpreter, so that a stray interrupt cannot hit the test run)."""
 
+import collections
 import os
+import re
 import signal
 import subprocess
 import sys
+import threading
 import time
+from typing import Callable, Dict, List, Optional, Tuple
 
 import pytest
 
-from helpers import CTRL_C_INTERRUPTED, CTRL_C_OUTCOME, OUTFEED, run_python
-from host_callback import host_side, transport_policy
+from helpers import (CTRL_C_INTERRUPTED, CTRL_C_OUTCOME, OUTFEED,
+                     SUBPROCESS_TIMEOUT, run_python)
+from host_callback import transport_policy
 
 
 def test_interrupt_in_a_worker_threads_tap_stays_in_that_thread(transport):
@@ -199,6 +204,74 @@ atexit.register(print, "exiting", flush=True)  # runs right before the drain
 """
 
 
+def _interrupted_child(code: str, transport: str, mode: str, devices: int,
+                       ready: Callable[[List[str]], bool],
+                       delay: float = 0.5) -> Tuple[int, List[str], float]:
+  """Runs `code` in a child on CPU, with its stdout and stderr in one
+  stream; once `ready(lines so far)`, waits `delay` seconds and sends
+  SIGINT. Returns its exit status, its lines, and the seconds from the
+  SIGINT to its end (it is killed after 60)."""
+  env = dict(os.environ, JAX_PLATFORMS="cpu",
+             JAX_HOST_CALLBACK_TRANSPORT=transport,
+             JAX_HOST_CALLBACK_OUTFEED="1" if mode == "outfeed" else "0",
+             XLA_FLAGS=f"--xla_force_host_platform_device_count={devices}")
+  child = subprocess.Popen([sys.executable, "-c", code], env=env, text=True,
+                           stdout=subprocess.PIPE, stderr=subprocess.STDOUT)
+  lines: List[str] = []
+  reader = threading.Thread(
+      target=lambda: lines.extend(line.rstrip("\n") for line in child.stdout))
+  reader.start()
+  try:
+    deadline = time.monotonic() + SUBPROCESS_TIMEOUT
+    while not ready(list(lines)):
+      assert time.monotonic() < deadline and child.poll() is None, _text(lines)
+      time.sleep(0.05)
+    time.sleep(delay)
+    sent = time.monotonic()
+    child.send_signal(signal.SIGINT)
+    try:
+      child.wait(timeout=60)
+    finally:
+      seconds = time.monotonic() - sent
+  finally:
+    child.kill()
+    reader.join()
+  return child.returncode, lines, seconds
+
+
+def _text(lines: List[str]) -> str:
+  """The child's lines, as an assertion's message."""
+  return "\n".join(["child's output:", *lines])
+
+
+_REPORT = re.compile(r"host_callback:   device (\d+) \((\w+) transport\): "
+                     r"(\d+) ran, (\d+) running, (\d+) dropped$")
+_EXECUTIONS = re.compile(r"host_callback:   device executions still running: "
+                         r"(\d+)$")
+
+
+def _report(why: str, lines: List[str]
+            ) -> Tuple[List[str], Dict[int, Tuple[int, int, int]],
+                       Optional[int]]:
+  """Splits the child's lines at its report, which must come last: the
+  lines before it, each device's (ran, running, dropped), and the
+  executions still running (None where not counted)."""
+  first = (f"host_callback: {why}; exiting now with status 130, without "
+           "running or waiting for the host functions (taps and calls) left:")
+  assert first in lines, _text(lines)
+  start = lines.index(first)
+  queues, executions = {}, None
+  for line in lines[start + 1:]:  # nothing but the report after it
+    match, counted = _REPORT.match(line), _EXECUTIONS.match(line)
+    assert match or (counted and executions is None), _text(lines)
+    if match:
+      queues[int(match[1])] = (int(match[3]), int(match[4]), int(match[5]))
+    else:
+      executions = int(counted[1])
+  assert (executions is None) != transport_policy.native_on_cpu(), _text(lines)
+  return lines[:start], queues, executions
+
+
 @pytest.mark.parametrize("blocked", ["tap", "call"])
 @pytest.mark.parametrize("devices", [1, 4])
 @pytest.mark.parametrize("mode", ["synchronous", "outfeed"])
@@ -206,35 +279,109 @@ def test_ctrl_c_ends_the_drain_at_exit(transport, mode, devices, blocked):
   """Issue 42 item 1: a host function blocked for ever at exit; one Ctrl-C
   during the drain ends it, says what it left, and the process exits (it
   ignored Ctrl-C: the stop after the interrupted barrier waited again, and
-  the barrier's probe over several devices waited in C++)."""
+  the barrier's probe over several devices waited in C++). Issue 50: at
+  once, with status 130, the host function counted as running."""
   code = (f"BLOCKED, DEVICES, OUTFEED = {blocked!r}, {devices}, "
           f"{mode == 'outfeed'}\n" + _BLOCKED_AT_EXIT)
-  env = dict(os.environ, JAX_PLATFORMS="cpu",
-             JAX_HOST_CALLBACK_TRANSPORT=transport,
-             JAX_HOST_CALLBACK_OUTFEED="1" if mode == "outfeed" else "0",
-             XLA_FLAGS=f"--xla_force_host_platform_device_count={devices}")
-  child = subprocess.Popen([sys.executable, "-c", code], env=env, text=True,
-                           stdout=subprocess.PIPE, stderr=subprocess.PIPE)
-  try:
-    assert child.stdout.readline() == "exiting\n"
-    time.sleep(0.5)  # in the drain
-    child.send_signal(signal.SIGINT)
-    stdout, stderr = child.communicate(timeout=10)
-  finally:
-    child.kill()
-  assert child.returncode == 0, stderr
-  if mode == "outfeed" and blocked == "tap":  # a receiver thread runs them
-    queued = ", ".join(f"1 tap or call on device {d} ({transport} transport)"
-                       for d in range(devices))
-    running = 0
-  else:  # the devices run them
-    queued, running = "nothing queued", devices
-  if not transport_policy.native_on_cpu():
-    running = 0  # counted with the native library only
-  assert stderr.splitlines()[-1] == (
-      f"host_callback: Ctrl-C ended the drain at exit; left undelivered: "
-      f"{queued}; device executions still running: {running}"), stderr
-  assert stdout == ""
+  status, lines, _ = _interrupted_child(
+      code, transport, mode, devices, lambda lines: "exiting" in lines)
+  assert status == 130, _text(lines)
+  before, queues, executions = _report("Ctrl-C ended the drain at exit",
+                                       lines)
+  assert before == ["exiting"], _text(lines)
+  assert queues == {d: (0, 1, 0) for d in range(devices)}, _text(lines)
+  if executions is not None:
+    # A receiver thread runs the outfeed mode's taps; the devices the rest.
+    blocked_on_device = not (mode == "outfeed" and blocked == "tap")
+    assert executions == (devices if blocked_on_device else 0), _text(lines)
+
+
+# For _interrupted_child code: a pmap over DEVICES of a `call` whose host
+# function says when it begins and sleeps a second, in a loop that a
+# worker runs while the main thread sleeps (where Ctrl-C lands at once:
+# one in the loop may land between two steps, with nothing left to run).
+_PMAP_OF_SLOW_CALLS = """
+import os, threading, time, jax, jax.numpy as jnp, host_callback as hcb
+
+def slow(x, device):
+  os.write(1, f"begins on {device.id}\\n".encode())  # a whole line
+  time.sleep(1)
+  return x + 1
+
+step = jax.pmap(lambda v: hcb.call(slow, v, result_shape=v,
+                                   call_with_device=True))
+
+def steps():
+  x = jnp.zeros((DEVICES, 3))
+  while True:
+    x = step(x)
+
+threading.Thread(target=steps, daemon=True).start()
+time.sleep(600)
+"""
+
+
+def test_ctrl_c_ends_a_pmap_of_slow_calls(transport):
+  """Issue 50 item 4: Ctrl-C during a pmap over 4 devices whose `call`
+  sleeps a second ends the program within seconds (it waited for every
+  step dispatched, silently, then aborted on a second Ctrl-C): status 130,
+  a report of what ran and runs on each device, and nothing after it."""
+  devices = 4
+  status, lines, seconds = _interrupted_child(
+      f"DEVICES = {devices}\n" + _PMAP_OF_SLOW_CALLS, transport,
+      "synchronous", devices,
+      lambda lines: sum(line.startswith("begins") for line in lines) > devices)
+  assert status == 130, _text(lines)
+  assert seconds < 30, lines  # about one on an idle machine
+  before, queues, executions = _report("Ctrl-C ended the program", lines)
+  # A line may end another one that the child was writing.
+  begun = collections.Counter(
+      int(match[1]) for match in map(re.compile(r"begins on (\d+)$").search,
+                                     before) if match)
+  assert set(queues) == set(range(devices)), _text(lines)
+  for device, (ran, running, dropped) in queues.items():
+    # A call that began ran, or runs (nothing begins after the report);
+    # one that came after the end began was dropped.
+    assert ran + running == begun[device], _text(lines)
+    assert ran >= 1 and running + dropped <= 1, _text(lines)
+  if executions is not None:
+    assert sum(q[1] for q in queues.values()) <= executions <= devices, _text(lines)
+
+
+# For _interrupted_child code: in the outfeed mode, TAPS taps of one
+# computation, whose function says when it begins and sleeps a second.
+_QUEUED_SLOW_TAPS = """
+import os, time, jax, host_callback as hcb
+
+def slow(i, transforms):
+  os.write(1, f"tap {int(i)} begins\\n".encode())
+  time.sleep(1)
+
+jax.jit(lambda x: jax.lax.fori_loop(
+    0, TAPS, lambda i, c: hcb.id_tap(slow, i, result=c), x))(0.0
+    ).block_until_ready()
+time.sleep(600)
+"""
+
+
+def test_ctrl_c_drops_queued_slow_taps(transport):
+  """Issue 50 item 4: Ctrl-C while 1,000 one-second taps of the outfeed
+  mode wait ends the program at once (it waited for them all, about 1,000
+  s, and then reported them all as left, and a tap ran after the report):
+  status 130, the taps that ran, runs and were dropped, and no tap after
+  the report."""
+  taps = 1000
+  status, lines, seconds = _interrupted_child(
+      f"TAPS = {taps}\n" + _QUEUED_SLOW_TAPS, transport, "outfeed", 1,
+      lambda lines: "tap 1 begins" in lines)
+  assert status == 130, _text(lines)
+  assert seconds < 30, lines  # a few milliseconds on an idle machine
+  before, queues, executions = _report("Ctrl-C ended the program", lines)
+  begun = sum(bool(re.search(r"tap \d+ begins$", line)) for line in before)
+  ((ran, running, dropped),) = queues.values()
+  assert set(queues) == {0} and ran >= 1 and running in (0, 1), _text(lines)
+  assert (ran + running, dropped) == (begun, taps - begun), _text(lines)
+  assert executions in (None, 0), lines  # the computation had finished
 
 
 # For run_python code: 50 rounds, on one device (DEVICES 1: jit) or four
