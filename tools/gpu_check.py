@@ -1,78 +1,90 @@
 """Validates host_callback's native CUDA transport on a GPU, in one command:
 
-    python -m tools.gpu_check                  # writes gpu_check_report.md
-    python -m tools.gpu_check --report PATH    # the report elsewhere
-    python -m tools.gpu_check --skip-suite     # without the whole suite
-    python -m tools.gpu_check --workers 8      # the suite in 8 processes
-                                               # (needs pytest-xdist)
-
+    python -m tools.gpu_check --workers 12     # writes gpu_check_report.md
+    python -m tools.gpu_check --dry-run        # prints the plan; no GPU needed
+    python -m tools.gpu_check --only gpu-tests,suite --suite-seconds 300
+    python -m tools.gpu_check --skip suite --report PATH
     python -m tools.gpu_check --hardware DIR   # tap_limit.cu, tap_signal.cu
-                                               # elsewhere than ../shared/gpu
+                                               # from DIR (tools/gpu_hardware)
 
-The suite's output goes to the report's path + ".suite.log". On a GPU
-machine without network where JAX's CUDA plugin is installed:
+On a GPU machine without network where JAX's CUDA plugin is installed:
 `pip install --no-index --no-deps --no-build-isolation -e .`, then
 `XLA_PYTHON_CLIENT_PREALLOCATE=false python -m tools.gpu_check --workers 12`
-(on an H200 with 16 cores the suite takes about 3 minutes in 12
-processes, the rest about 4). docs/gpu.md keeps the last run's results.
+(`--workers` needs pytest-xdist). The whole run ends within
+`--budget-seconds` (BUDGET_SECONDS of tools/gpu_plan.py), report included.
 
-Checks, each PASS or FAIL, printed as each ends: the CUDA runtime's
-functions are found (`native/cuda_api.cc`); the GPU tests (tests/test_gpu.py,
-and tests/test_persistent_cache.py on the GPU) and the CUDA transport's
-host-side tests (tests/test_cuda_transport.py); the whole test suite with
-the GPU as the default backend; a 45-second soak of 4 threads of taps
-(tools.soak); the timing rows of tools/gpu_timings.py (a scan of tiny
-steps with each kind of tap, `scan_tqdm`, a ~1 ms training step with a
-tap and `barrier_wait()` every step); `tools.bench`'s rows that the GPU
-targets name (GPU_BENCH_ROWS); whether JAX can compile while a host
-function blocks a launch, on another thread or in the host functions
-themselves (tools/gpu_compile_during_call.py); the hardware's own
-figures from the CUDA programs of ../shared/gpu/ (built with nvcc when it
-exists); and the speed targets of docs/gpu.md, judged from those figures
-(tools/gpu_targets.py).
-Needs no network. Exits 0 when every check passed, 1 when one failed, and
-2 with a "no GPU" message where JAX has no CUDA backend (nothing
-validated). Once it passes on a GPU, `transport_policy.CUDA_NATIVE_VALIDATED` may
-be set to True.
+The steps (tools/gpu_plan.py, `--dry-run` prints them with their
+timeouts): the CUDA runtime's functions are found; then, each on a quiet
+machine (checked: its CPUs and GPU idle) and in a fresh process, the
+hardware's own figures (tools/gpu_hardware, built with nvcc), each case of
+tools/gpu_timings.py, `tools.bench`'s GPU rows; then whether JAX can
+compile while a host function blocks a launch
+(tools/gpu_compile_during_call.py); the GPU tests; the rest of the suite
+with the GPU as the default backend, cut where its time ends; a short soak
+of 4 threads of taps last. Tests that need a package of the [test] extra
+that is missing here are left out, with a line that names it
+(tools/gpu_suite.py). Finally the speed targets of docs/gpu.md are judged
+from the figures (tools/gpu_targets.py).
+
+Each check is printed as it ends, and the report (rewritten after each
+step, so that a run cut short leaves what it found) says PASS, FAIL or CUT
+(the budget ended it) for each; the tests' output goes to the report's path
++ ".suite.log". Needs no network. Exits 0 when every check passed, 1 when
+one failed, 3 when none failed but the budget cut some, and 2 with a "no
+GPU" message where JAX has no CUDA backend (nothing validated). Once it
+passes on a GPU, `transport_policy.CUDA_NATIVE_VALIDATED` may be set to
+True.
 """
 
 from __future__ import annotations
 
 import argparse
-import importlib.util
+import dataclasses
 import os
 import platform
 import shutil
+import signal
 import subprocess
 import sys
-import tempfile
 import time
-from typing import List, Optional, Tuple
+from typing import Callable, Dict, List, Optional, Sequence, Set, Tuple
 
-from . import gpu_targets, gpu_timings
+from . import gpu_hardware, gpu_plan, gpu_suite, gpu_targets, gpu_timings
 
-ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
-SHARED_GPU = os.path.join(os.path.dirname(ROOT), "shared", "gpu")
-NO_GPU = 2
-# Test modules that need a package of the [test] extra and test no GPU path:
-# left out of the suite where it is missing (an offline GPU machine may
-# lack it), with a line that says so.
-NEEDS_PACKAGE = {"tests/test_conventions.py": "mypy",
-                 "tests/test_docs.py": "sphinx",
-                 "tests/test_migrate.py": "libcst"}
+ROOT = gpu_suite.ROOT
+NO_GPU, INCOMPLETE = 2, 3
+GRACE_SECONDS = 5.0        # from Ctrl-C to a kill, within a step's timeout
+QUIET_WAIT_SECONDS = 20.0  # the most a measuring step waits for quiet
+QUIET_CPU, QUIET_GPU = 0.10, 10.0  # busy fraction of all CPUs; GPU %
 
-# (name, passed, detail)
-Check = Tuple[str, bool, str]
+Check = gpu_targets.Check  # (name, passed, detail)
 
-# The rows of `python -m tools.bench --quick` that the GPU targets name: a
-# jitted step with one tap or call from a Python loop, a tap and a call per
-# step of a scan, a 256 MiB tap and call round trip.
-GPU_BENCH_ROWS = (
-    r"^(jitted step with one (tap|call x\+1), per call from a Python loop"
-    r"|tap f32 scalar, per step of a [0-9]+-step scan \(until drained\)"
-    r"|call x\+1, per step of a [0-9]+-step scan"
-    r"|large tap of 256 MiB \S+, until the host function ran"
-    r"|large call round trip of 256 MiB \S+, identity(, copy=False)?)$")
+
+@dataclasses.dataclass
+class Outcome:
+  """How a step's command ended."""
+  returncode: Optional[int]   # None: it ran past its timeout
+  stdout: str
+  stderr: str
+  seconds: float
+
+
+@dataclasses.dataclass
+class Findings:
+  """What the run found so far: the report's contents."""
+  gpu: str
+  budget: float
+  checks: List[Check] = dataclasses.field(default_factory=list)
+  cut: Set[str] = dataclasses.field(default_factory=set)  # checks' names
+  rows: List[gpu_timings.Row] = dataclasses.field(default_factory=list)
+  bench: str = ""
+  blocked: str = ""
+  hardware: List[str] = dataclasses.field(default_factory=list)
+  hardware_note: str = "not run"
+  tests: Dict[str, List[str]] = dataclasses.field(default_factory=dict)
+  left_out: List[str] = dataclasses.field(default_factory=list)
+  noisy: List[str] = dataclasses.field(default_factory=list)
+  quiet_seen: List[str] = dataclasses.field(default_factory=list)
 
 
 def find_gpu() -> Tuple[Optional[str], str]:
@@ -87,176 +99,364 @@ def find_gpu() -> Tuple[Optional[str], str]:
   return f"{devices[0].device_kind} ({len(devices)} device(s))", ""
 
 
-def run(name: str, command: List[str], timeout: float,
-        env: Optional[dict] = None) -> Tuple[Check, str]:
-  """Runs `command` in the repository root; passes when it exits 0. Also
-  returns its standard output."""
+# --- Running a step ----------------------------------------------------------
+
+def run_command(command: Sequence[str], timeout: float) -> Outcome:
+  """Runs `command` in the repository root, in a process group of its own;
+  past `timeout` seconds the whole group gets a Ctrl-C, then, GRACE_SECONDS
+  later, a kill (so no child of it stays behind on the GPU)."""
   start = time.monotonic()
+  process = subprocess.Popen(command, cwd=ROOT, stdout=subprocess.PIPE,
+                             stderr=subprocess.PIPE, text=True,
+                             start_new_session=True)
   try:
-    done = subprocess.run(command, cwd=ROOT, capture_output=True, text=True,
-                          timeout=timeout, env=dict(os.environ, **(env or {})))
-  except subprocess.TimeoutExpired as expired:  # its output is bytes
-    return ((name, False, f"timed out after {timeout:.0f} s"),
-            (expired.stdout or b"").decode(errors="replace"))
-  tail = (done.stdout + done.stderr).strip().splitlines()[-3:]
-  detail = f"{time.monotonic() - start:.0f} s; " + " | ".join(tail)
-  return (name, done.returncode == 0, detail), done.stdout
+    out, err = process.communicate(timeout=max(1.0, timeout - GRACE_SECONDS))
+    return Outcome(process.returncode, out, err, time.monotonic() - start)
+  except subprocess.TimeoutExpired:
+    pass
+  out, err = "", ""
+  for sent in (signal.SIGINT, signal.SIGKILL):
+    try:
+      os.killpg(process.pid, sent)
+      out, err = process.communicate(timeout=GRACE_SECONDS)
+      break
+    except ProcessLookupError:  # the group ended meanwhile
+      out, err = process.communicate(timeout=GRACE_SECONDS)
+      break
+    except subprocess.TimeoutExpired:
+      continue
+  return Outcome(None, out or "", err or "", time.monotonic() - start)
 
 
-def show(check: Check) -> Check:
-  """Prints `check`'s line as soon as it ended; returns it."""
-  name, ok, detail = check
-  print(f"{'PASS' if ok else 'FAIL'}  {name}  ({detail})", flush=True)
-  return check
+def cpu_busy(sample: float = 0.5) -> Optional[float]:
+  """The fraction of all CPUs' time spent busy over `sample` seconds
+  (/proc/stat); None where that cannot be read."""
+  def times() -> Tuple[int, int]:
+    with open("/proc/stat", encoding="ascii") as stat:
+      fields = [int(word) for word in stat.readline().split()[1:]]
+    return sum(fields), fields[3] + fields[4]  # all; idle and iowait
+  try:
+    total, idle = times()
+    time.sleep(sample)
+    total2, idle2 = times()
+  except (OSError, ValueError, IndexError):
+    return None
+  return 1 - (idle2 - idle) / max(1, total2 - total)
 
 
-def suite_command(python: str, workers: int) -> List[str]:
-  """pytest over the whole suite, in `workers` processes where pytest-xdist
-  is installed (one otherwise), without the NEEDS_PACKAGE modules whose
-  package is missing here."""
-  command = [python, "-m", "pytest", "-v", "-rf", "--timeout", "120",
-             "tests"]
-  for path, package in NEEDS_PACKAGE.items():
-    if importlib.util.find_spec(package) is None:
-      print(f"gpu_check: {path} left out of the suite: {package} is not "
-            "installed", flush=True)
-      command.append(f"--ignore={path}")
-  if workers > 1 and importlib.util.find_spec("xdist") is not None:
-    command += ["-n", str(workers)]
-  return command
+def gpu_busy() -> Optional[float]:
+  """The first GPU's utilization in percent (nvidia-smi); None where it
+  cannot be read."""
+  smi = shutil.which("nvidia-smi")
+  if smi is None:
+    return None
+  try:
+    out = subprocess.run([smi, "--query-gpu=utilization.gpu",
+                          "--format=csv,noheader,nounits"],
+                         capture_output=True, text=True, timeout=10).stdout
+    return float(out.split()[0])
+  except (subprocess.SubprocessError, OSError, ValueError, IndexError):
+    return None
 
 
-def hardware_rows(programs: str) -> Tuple[List[str], str]:
-  """The figures of `programs`/*.cu (../shared/gpu), built with nvcc; or
-  why none."""
-  nvcc = shutil.which("nvcc")
-  if nvcc is None or not os.path.isdir(programs):
-    return [], ("nvcc not found" if nvcc is None
-                else f"{programs} not found")
-  lines = []
-  with tempfile.TemporaryDirectory() as build:
-    for program, extra in (("tap_limit", []), ("tap_signal", ["-lcuda"])):
-      binary = os.path.join(build, program)
-      subprocess.run([nvcc, "-O2", "-o", binary,
-                      os.path.join(programs, program + ".cu"), *extra],
-                     check=True, capture_output=True, timeout=300)
-      out = subprocess.run([binary], capture_output=True, text=True,
-                           timeout=300).stdout
-      lines += [line for line in out.splitlines() if line.strip()]
-  return lines, ""
+def wait_until_quiet(limit: float) -> Tuple[bool, str]:
+  """Waits up to `limit` seconds for the CPUs and the GPU to be idle;
+  returns whether they were, and the figures last read."""
+  deadline = time.monotonic() + limit
+  while True:
+    cpu, gpu = cpu_busy(), gpu_busy()
+    quiet = ((cpu is None or cpu <= QUIET_CPU)
+             and (gpu is None or gpu <= QUIET_GPU))
+    figures = (f"CPUs {'?' if cpu is None else f'{100 * cpu:.0f}%'} busy, "
+               f"GPU {'?' if gpu is None else f'{gpu:.0f}%'}")
+    if quiet or time.monotonic() >= deadline:
+      return quiet, figures
+    time.sleep(1)
 
 
-def report(gpu: str, checks: List[Check], rows: List[gpu_timings.Row],
-           bench: str, blocked: str, hardware: List[str],
-           hardware_note: str) -> str:
+# --- What each step's outcome means ------------------------------------------
+
+def _detail(outcome: Outcome, timeout: float) -> str:
+  """A check's detail: how long, how it ended, its output's last lines."""
+  if outcome.returncode is None:
+    head = f"ran past its {timeout:.0f} s"
+  else:
+    head = f"{outcome.seconds:.0f} s, exit {outcome.returncode}"
+  tail = (outcome.stdout + outcome.stderr).strip().splitlines()[-3:]
+  return "; ".join([head] + ([" | ".join(tail)] if tail else []))
+
+
+def _record_hardware(findings: Findings, outcome: Outcome) -> bool:
+  findings.hardware = [line for line in outcome.stdout.splitlines()
+                       if line.strip()]
+  findings.hardware_note = (outcome.stderr.strip().splitlines() or
+                            ["no output"])[-1]
+  return outcome.returncode == 0
+
+
+def _record_timings(findings: Findings, outcome: Outcome) -> bool:
+  rows = [row for row in map(gpu_timings.parse_row,
+                             outcome.stdout.splitlines()) if row]
+  findings.rows += rows
+  return outcome.returncode == 0 and bool(rows)
+
+
+def _record_bench(findings: Findings, outcome: Outcome) -> bool:
+  findings.bench = outcome.stdout
+  return outcome.returncode == 0
+
+
+def _record_compile(findings: Findings, outcome: Outcome) -> bool:
+  findings.blocked = outcome.stdout
+  return outcome.returncode == 0
+
+
+# What each measuring step's or the compile cases' output means: their
+# check passed or not, and what they found.
+RECORDERS: Dict[str, Callable[[Findings, Outcome], bool]] = {
+    "hardware": _record_hardware, "timings": _record_timings,
+    "bench": _record_bench, "compile": _record_compile}
+TEST_GROUPS = ("gpu-tests", "suite")
+
+
+def _all_quiet(seen: List[str]) -> str:
+  return (f"all {len(seen)} started on a quiet machine"
+          + (f" (the last: {seen[-1]})" if seen else ""))
+
+
+class Runner:
+  """Runs the plan's steps within the budget, recording each step's check
+  and findings, and rewriting the report after each."""
+
+  def __init__(self, findings: Findings, report_path: str,
+               missing: Set[str], deadline: float) -> None:
+    """`missing`: the packages whose tests the plan left out; `deadline`:
+    time.monotonic()'s when the budget ends."""
+    self.findings = findings
+    self.report_path = report_path
+    self.missing = missing
+    self.deadline = deadline
+
+  def run(self, steps: Sequence[gpu_plan.Step]) -> None:
+    """Runs `steps` in order, each with the timeout the budget gives it."""
+    for index, step in enumerate(steps):
+      left = self.deadline - time.monotonic()
+      timeout = gpu_plan.timeout_for(steps, index, left)
+      if not timeout:
+        self.add((step.name, False, f"cut by the budget: {left:.0f} s "
+                   "left, kept for the reserved steps and the report"),
+                  cut=True)
+        continue
+      if step.measures:
+        timeout -= self._wait_until_quiet(step, timeout)
+      self._record(step, run_command(step.command, timeout), timeout)
+    if any(step.measures for step in steps):
+      self.add(("machine quiet before each measurement",
+                 not self.findings.noisy,
+                 "; ".join(self.findings.noisy) or _all_quiet(
+                     self.findings.quiet_seen)))
+
+  def _wait_until_quiet(self, step: gpu_plan.Step, timeout: float) -> float:
+    """Waits for a quiet machine before `step`; returns the seconds
+    waited."""
+    start = time.monotonic()
+    quiet, figures = wait_until_quiet(min(QUIET_WAIT_SECONDS, timeout / 3))
+    waited = time.monotonic() - start
+    if quiet:
+      self.findings.quiet_seen.append(figures)
+    else:
+      self.findings.noisy.append(f"{step.name}: {figures} after {waited:.0f} s")
+    return waited
+
+  def _record(self, step: gpu_plan.Step, outcome: Outcome,
+              timeout: float) -> None:
+    if step.group in TEST_GROUPS:
+      passed = self._record_tests(step, outcome)
+    else:
+      recorder = RECORDERS.get(step.group)
+      passed = (recorder(self.findings, outcome) if recorder
+                else outcome.returncode == 0)
+    # Past a timeout under its cap, or past the suite's cap (a budget, not
+    # a hang limit), a step was cut; past its own cap, it failed.
+    cut = outcome.returncode is None and (
+        timeout < step.cap or step.group == "suite")
+    failures = any(line.startswith(("FAILED", "ERROR"))
+                   for line in self.findings.tests.get(step.name, []))
+    self.add((step.name, passed, _detail(outcome, timeout)),
+              cut=cut and not failures)
+
+  def _record_tests(self, step: gpu_plan.Step, outcome: Outcome) -> bool:
+    with open(self.report_path + ".suite.log", "a", encoding="utf-8") as log:
+      log.write(f"$ {' '.join(step.command)}\n{outcome.stdout}\n"
+                f"{outcome.stderr}\n")
+    modules = (list(gpu_suite.GPU_TESTS) if step.group == "gpu-tests"
+               else gpu_suite.suite_modules(self.missing))
+    self.findings.tests[step.name] = gpu_suite.summary(
+        outcome.stdout, modules, cut=outcome.returncode is None)
+    return outcome.returncode == 0
+
+  def add(self, check: Check, cut: bool = False) -> None:
+    """Records `check` (`cut`: the budget ended it), prints its line and
+    rewrites the report."""
+    if cut:
+      self.findings.cut.add(check[0])
+    self.findings.checks.append(check)
+    print(f"{status(self.findings, check)}  {check[0]}  ({check[2]})",
+          flush=True)
+    write_report(self.findings, self.report_path)
+
+
+# --- The report --------------------------------------------------------------
+
+def status(findings: Findings, check: Check) -> str:
+  """PASS, FAIL or CUT."""
+  name, ok, _ = check
+  return "PASS" if ok else "CUT" if name in findings.cut else "FAIL"
+
+
+def report(findings: Findings) -> str:
+  """The report, in markdown."""
   lines = ["# host_callback GPU check", "",
-           f"- GPU: {gpu}", f"- host: {platform.node()} "
-           f"({platform.machine()}), Python {platform.python_version()}", "",
+           f"- GPU: {findings.gpu}", f"- host: {platform.node()} "
+           f"({platform.machine()}, {os.cpu_count()} cores), Python "
+           f"{platform.python_version()}",
+           f"- budget: {findings.budget:.0f} s; cut by it: "
+           + (", ".join(sorted(findings.cut)) or "nothing"), "",
            "| check | result | detail |", "| --- | --- | --- |"]
-  lines += [f"| {name} | {'PASS' if ok else 'FAIL'} | "
-            f"{detail.replace('|', '/')} |" for name, ok, detail in checks]
-  lines += ["", "Timings (`python -m tools.gpu_timings`):", "",
-            "| row | value |", "| --- | --- |"]
-  lines += [f"| {name} | {value:.3f} {unit} |" for name, value, unit in rows]
+  lines += [f"| {check[0]} | {status(findings, check)} | "
+            f"{check[2].replace('|', '/')} |" for check in findings.checks]
+  lines += ["", "Left out of the tests (a package is missing):", ""]
+  lines += [f"- {line}" for line in findings.left_out] or ["- nothing"]
+  for name, summary in findings.tests.items():
+    lines += ["", f"{name}:", ""] + [f"- {line}" for line in summary]
+  lines += ["", "Timings (`python -m tools.gpu_timings`, each case in a "
+            "fresh process):", "", "| row | value |", "| --- | --- |"]
+  lines += [f"| {name} | {value:.3f} {unit} |"
+            for name, value, unit in findings.rows]
   lines += ["", "`python -m tools.bench --quick` (GPU_BENCH_ROWS):", "",
-            bench.strip() or "(not run)"]
+            findings.bench.strip() or "(not run)"]
   lines += ["", "Another thread's JAX work while a host function blocks a "
             "launch (`python -m tools.gpu_compile_during_call`):", ""]
-  lines += [f"    {line}" for line in blocked.splitlines()] or ["    (not run)"]
-  lines += ["", "Hardware (../shared/gpu, CUDA C++, same machine):", ""]
-  lines += [f"    {line}" for line in hardware] or [f"    ({hardware_note})"]
+  lines += ([f"    {line}" for line in findings.blocked.splitlines()]
+            or ["    (not run)"])
+  lines += ["", "Hardware (tools/gpu_hardware, CUDA C++, same machine):", ""]
+  lines += ([f"    {line}" for line in findings.hardware]
+            or [f"    ({findings.hardware_note})"])
   return "\n".join(lines) + "\n"
 
 
-def main(argv: Optional[List[str]] = None) -> int:
-  parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+def write_report(findings: Findings, path: str) -> None:
+  with open(path, "w", encoding="utf-8") as out:
+    out.write(report(findings))
+
+
+# --- The command line --------------------------------------------------------
+
+def parse_args(argv: Optional[Sequence[str]]) -> argparse.Namespace:
+  parser = argparse.ArgumentParser(
+      description=__doc__.splitlines()[0],
+      epilog="groups: " + "; ".join(f"{group}: {what}" for group, what
+                                    in gpu_plan.GROUPS.items()))
   parser.add_argument("--report", default="gpu_check_report.md")
-  parser.add_argument("--skip-suite", action="store_true")
   parser.add_argument("--workers", type=int, default=1,
-                      help="run the suite in this many processes")
-  parser.add_argument("--suite-timeout", type=float, default=3600,
-                      help="seconds the suite may take")
-  parser.add_argument("--hardware", default=SHARED_GPU,
-                      help="the folder of the CUDA programs tap_limit.cu and "
-                           "tap_signal.cu")
-  args = parser.parse_args(argv)
+                      help="run the tests in this many processes")
+  parser.add_argument("--budget-seconds", type=float,
+                      default=gpu_plan.BUDGET_SECONDS,
+                      help="the whole run's time, report included")
+  parser.add_argument("--suite-seconds", type=float,
+                      default=gpu_plan.SUITE_SECONDS,
+                      help="the most the suite may take (less where the "
+                           "budget ends first)")
+  parser.add_argument("--hardware", default=gpu_hardware.HERE,
+                      help="the folder of the CUDA programs tap_limit.cu "
+                           "and tap_signal.cu")
+  parser.add_argument("--only", type=_groups,
+                      help="only these groups, comma-separated")
+  parser.add_argument("--skip", type=_groups, default=[],
+                      help="not these groups, comma-separated")
+  parser.add_argument("--dry-run", action="store_true",
+                      help="print the plan and exit; needs no GPU")
+  return parser.parse_args(argv)
+
+
+def _groups(text: str) -> List[str]:
+  groups = [group for group in text.split(",") if group]
+  unknown = set(groups) - set(gpu_plan.GROUPS)
+  if unknown:
+    raise argparse.ArgumentTypeError(
+        f"unknown group(s) {', '.join(sorted(unknown))}; the groups are "
+        f"{', '.join(gpu_plan.GROUPS)}")
+  return groups
+
+
+def steps_of(args: argparse.Namespace, missing: Set[str]
+             ) -> List[gpu_plan.Step]:
+  """The plan's steps that `args` selects."""
+  options = gpu_plan.Options(
+      python=sys.executable, workers=args.workers,
+      suite_seconds=args.suite_seconds, hardware=args.hardware,
+      missing=frozenset(missing), timing_cases=tuple(gpu_timings.CASES))
+  return gpu_plan.select(gpu_plan.plan(options), args.only, args.skip)
+
+
+def no_gpu(why: str, report_path: str) -> int:
+  """Says that nothing was validated; returns NO_GPU."""
+  message = ("gpu_check: no GPU: JAX has no CUDA backend here "
+             f"({why}). Nothing was validated; run `python -m "
+             "tools.gpu_check` on a machine with an NVIDIA GPU and "
+             "jax[cuda12] (or cuda13) installed.")
+  print(message)
+  with open(report_path, "w", encoding="utf-8") as out:
+    out.write(f"# host_callback GPU check\n\nNO GPU: {message}\n")
+  return NO_GPU
+
+
+def main(argv: Optional[Sequence[str]] = None) -> int:
+  started = time.monotonic()
+  args = parse_args(argv)
+  missing = gpu_suite.missing_packages()
+  left_out = gpu_suite.leave_out_lines(missing)
+  steps = steps_of(args, missing)
+  for line in left_out:
+    print(f"gpu_check: {line}", flush=True)
+  if args.dry_run:
+    print("\n".join(gpu_plan.describe(steps, args.budget_seconds)))
+    return 0
   # This process and the checks' share the GPU: none takes most of its
   # memory up front (JAX's default).
   os.environ.setdefault("XLA_PYTHON_CLIENT_PREALLOCATE", "false")
   gpu, why = find_gpu()
   if gpu is None:
-    message = ("gpu_check: no GPU: JAX has no CUDA backend here "
-               f"({why}). Nothing was validated; run `python -m "
-               "tools.gpu_check` on a machine with an NVIDIA GPU and "
-               "jax[cuda12] (or cuda13) installed.")
-    print(message)
-    with open(args.report, "w", encoding="utf-8") as out:
-      out.write(f"# host_callback GPU check\n\nNO GPU: {message}\n")
-    return NO_GPU
-  python = sys.executable
-  checks: List[Check] = []
-
-  rows: List[gpu_timings.Row] = []
-  bench, blocked, hardware, note = "", "", [], "not run yet"
-
-  def write_report() -> str:
-    """The report so far (rewritten after each check, so that a run cut
-    short leaves what it found)."""
-    text = report(gpu, checks, rows, bench, blocked, hardware, note)
-    with open(args.report, "w", encoding="utf-8") as out:
-      out.write(text)
-    return text
-
-  def check(name, command, timeout, env=None) -> str:
-    result, stdout = run(name, command, timeout, env)
-    checks.append(show(result))
-    write_report()
-    return stdout
-
-  check("CUDA runtime found", [python, "-c",
-        "from host_callback.receiver import native_library as n; "
-        "n.load_cuda_runtime()"], 120)
-  check("GPU tests (tests/test_gpu.py, tests/test_persistent_cache.py)",
-        [python, "-m", "pytest", "-q", "-rf", "--timeout", "120",
-         "tests/test_gpu.py", "tests/test_persistent_cache.py"], 600)
-  check("CUDA host side on the stand-in (tests/test_cuda_transport.py)",
-        [python, "-m", "pytest", "-q", "tests/test_cuda_transport.py"],
-        600, {"JAX_PLATFORMS": "cpu"})
-  if not args.skip_suite:
-    log = check("whole suite, GPU default backend",
-                suite_command(python, args.workers), args.suite_timeout)
-    with open(args.report + ".suite.log", "w", encoding="utf-8") as out:
-      out.write(log)
-  check("soak: 4 threads of taps for 45 s, nothing lost or reordered",
-        [python, "-m", "tools.soak", "--seconds", "45", "--threads", "4",
-         "--transport", "native"], 300)
-  try:
-    rows = [row for timings in (gpu_timings.scan_rows, gpu_timings.bar_rows,
-                                gpu_timings.training_rows)
-            for row in timings()]
-    checks.append(show(("timing rows", True, f"{len(rows)} rows")))
-  except Exception as error:  # pylint: disable=broad-except
-    checks.append(show(("timing rows", False,
-                        f"{type(error).__name__}: {error}")))
-  bench = check("tools.bench GPU rows", [
-      python, "-m", "tools.bench", "--quick", "--only", GPU_BENCH_ROWS], 900)
-  blocked = check("compiling during a call (tools.gpu_compile_during_call)",
-                  [python, "-m", "tools.gpu_compile_during_call", "--wait",
-                   "20", "--at-a-time", "20"], 300)
-  try:
-    hardware, note = hardware_rows(args.hardware)
-  except (subprocess.SubprocessError, OSError) as error:
-    hardware, note = [], f"the CUDA programs failed: {error}"
-    checks.append(show(("hardware rows (../shared/gpu)", False, note)))
-  checks.extend(show(target)
-                for target in gpu_targets.target_checks(rows, bench, hardware))
-  print(write_report())
+    return no_gpu(why, args.report)
+  if os.path.exists(args.report + ".suite.log"):
+    os.remove(args.report + ".suite.log")
+  findings = Findings(gpu=gpu, budget=args.budget_seconds,
+                      left_out=left_out)
+  runner = Runner(findings, args.report, missing,
+                  started + args.budget_seconds)
+  runner.run(steps)
+  if any(step.measures for step in steps):
+    for target in gpu_targets.target_checks(findings.rows, findings.bench,
+                                            findings.hardware):
+      runner.add(target)
+  print(report(findings))
   print(f"gpu_check: report written to {args.report}")
-  failed = [name for name, ok, _ in checks if not ok]
+  return verdict(findings)
+
+
+def verdict(findings: Findings) -> int:
+  """The exit status: 0 all passed, 1 one failed, INCOMPLETE none failed
+  but some were cut."""
+  statuses = [status(findings, check) for check in findings.checks]
+  failed, cut = statuses.count("FAIL"), statuses.count("CUT")
   if failed:
-    print(f"gpu_check: FAIL ({len(failed)} of {len(checks)} checks)")
+    print(f"gpu_check: FAIL ({failed} of {len(statuses)} checks; {cut} cut)")
     return 1
-  print(f"gpu_check: PASS ({len(checks)} checks)")
+  if cut:
+    print(f"gpu_check: INCOMPLETE ({cut} of {len(statuses)} checks cut by "
+          "the budget, none failed)")
+    return INCOMPLETE
+  print(f"gpu_check: PASS ({len(statuses)} checks)")
   return 0
 
 

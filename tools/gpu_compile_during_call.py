@@ -12,7 +12,9 @@ function on the default device, puts an array there, or runs a function on
 the CPU. "ok" means the second thread finished while the host function
 waited; "BLOCKED" that it did not. On an H200 with jax 0.11.2, the cases
 that compile for the GPU were blocked, on every transport and with
-`pure_callback` (docs/architecture.md, "The CUDA part").
+`pure_callback` (docs/architecture.md, "The CUDA part"). A batch of
+cases ends within `--wait` + CASE_SLACK_SECONDS seconds: a case still
+running then is killed and reported as failed.
 
 Two more cases per transport ask what a user meets: the call's host
 function compiles and runs a new function itself ("own"), and a tap just
@@ -44,6 +46,9 @@ OWN = tuple(itertools.product(
         ("native", "tap_before"), ("python", "tap_before"))
 WAIT_SECONDS = 20
 AT_A_TIME = 4
+# What a batch of cases may take beyond `--wait`: starting JAX in each of
+# its processes and compiling, before the host function waits.
+CASE_SLACK_SECONDS = 30
 
 
 def own_case(call: str, where: str) -> str:
@@ -157,9 +162,12 @@ def main() -> None:
         [sys.executable, "-m", __spec__.name, "--wait", str(args.wait),
          *case], env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE,
         text=True)) for case in cases[start:start + args.at_a_time]]
+    # One limit for the whole batch: a hung case does not add its own.
+    deadline = time.monotonic() + args.wait + CASE_SLACK_SECONDS
     for case, process in running:
       try:
-        out, err = process.communicate(timeout=args.wait + 30)
+        out, err = process.communicate(
+            timeout=max(0.1, deadline - time.monotonic()))
       except subprocess.TimeoutExpired:
         process.kill()
         out, err = process.communicate()

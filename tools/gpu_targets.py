@@ -1,7 +1,7 @@
 """The GPU speed targets of the native transport (docs/gpu.md), judged from
 what `tools.gpu_check` measured: its timing rows (tools/gpu_timings.py),
 `tools.bench`'s GPU rows (a markdown table) and the hardware programs'
-lines (../shared/gpu). Each target is a check, PASS or FAIL, whose detail
+lines (tools/gpu_hardware). Each target is a check, PASS or FAIL, whose detail
 gives the figures; a target whose figures are missing fails, saying which.
 """
 

@@ -1,7 +1,9 @@
 """Timings that `tools.gpu_check` reports beside `tools.bench`'s rows, on the
 default backend (a GPU's are the ones of interest):
 
-    python -m tools.gpu_timings
+    python -m tools.gpu_timings                 # every case, in this process
+    python -m tools.gpu_timings --case NAME     # one case (CASES)
+    python -m tools.gpu_timings --list          # the cases' names
 
 - per step of a scan of tiny steps: no tap, a tap per step on each
   transport, a tap every 1000th step behind a `lax.cond`, and
@@ -12,14 +14,19 @@ default backend (a GPU's are the ones of interest):
   at hand) with a tap of the loss and `barrier_wait()` every step, beside
   the same loop without the tap and the barrier.
 
-Each row is (name, value, unit); medians of a few runs.
+Each row is (name, value, unit), printed as `format_row` writes it;
+medians of a few runs. `tools.gpu_check` runs each case in a fresh process
+(`--case`): a process that ran other work before (a soak, other rows)
+measured a scan step several times slower on an H200.
 """
 
 from __future__ import annotations
 
+import argparse
+import contextlib
 import os
 import time
-from typing import Callable, List, Tuple
+from typing import Callable, Dict, List, Optional, Sequence, Tuple
 
 import jax
 import jax.numpy as jnp
@@ -54,56 +61,67 @@ def _timed(run: Callable[[], None], repeat: int = 3) -> float:
   return _median(times)
 
 
-def scan_rows(steps: int = 20000) -> List[Row]:
-  """µs per step of a scan of tiny steps, with each kind of tap."""
-  def scan(op):
-    def step(x, i):
-      x = x * 0.999 + 1.0
-      op(x, i)
-      return x, None
-    f = jax.jit(lambda x: jax.lax.scan(step, x, jnp.arange(steps))[0])
+def _scan_step_us(op: Callable, steps: int = 20000) -> float:
+  """µs per step of a scan of tiny steps that calls `op(x, i)` each step,
+  until its taps ran."""
+  def step(x, i):
+    x = x * 0.999 + 1.0
+    op(x, i)
+    return x, None
+  f = jax.jit(lambda x: jax.lax.scan(step, x, jnp.arange(steps))[0])
 
-    def run():
-      jax.block_until_ready(f(jnp.float32(0)))
-      hcb.barrier_wait()
-    return 1e6 * _timed(run) / steps
-
-  tap = lambda x, i: hcb.id_tap(_noop, x)  # noqa: E731
-  rare = lambda x, i: jax.lax.cond(  # noqa: E731
-      i % 1000 == 0, lambda: (hcb.id_tap(_noop, i), None)[1], lambda: None)
-  rows = [("scan step, no tap", scan(lambda x, i: None), "µs")]
-  for transport in TRANSPORTS:
-    with settings.transport(transport):
-      rows.append((f"+ id_tap every step ({transport})", scan(tap), "µs"))
-      rows.append((f"+ id_tap every 1000th step in a lax.cond ({transport})",
-                   scan(rare), "µs"))
-  rows.append(("+ jax.debug.callback every step",
-               scan(lambda x, i: jax.debug.callback(_noop, x)), "µs"))
-  return rows
+  def run():
+    jax.block_until_ready(f(jnp.float32(0)))
+    hcb.barrier_wait()
+  return 1e6 * _timed(run) / steps
 
 
-def bar_rows(steps: int = 20000) -> List[Row]:
-  """ms for a scan of a 16x16 matmul with `scan_tqdm`, until drained."""
+def _tap(x, i) -> None:
+  hcb.id_tap(_noop, x)
+
+
+def _rare_tap(x, i) -> None:
+  jax.lax.cond(i % 1000 == 0, lambda: (hcb.id_tap(_noop, i), None)[1],
+               lambda: None)
+
+
+def _scan_case(name: str, op: Callable, transport: Optional[str] = None
+               ) -> Callable[[], List[Row]]:
+  """The case of the scan row `name`: a tap by `op`, on `transport`."""
+  def case() -> List[Row]:
+    with (settings.transport(transport) if transport
+          else contextlib.nullcontext()):
+      return [(name, _scan_step_us(op), "µs")]
+  return case
+
+
+def _bar_scan_ms(bar: Callable[[Callable], Callable], steps: int) -> float:
+  """ms for a scan of a 16x16 matmul whose body `bar` wraps, until
+  drained."""
   weights = jnp.eye(16, dtype=jnp.float32) * 0.5
+  body = bar(lambda carry, i: (jnp.tanh(carry @ weights + i), None))
+  f = jax.jit(lambda x: jax.lax.scan(body, x, jnp.arange(steps))[0])
 
-  def scan_time(bar: Callable[[Callable], Callable]) -> float:
-    body = bar(lambda carry, i: (jnp.tanh(carry @ weights + i), None))
-    f = jax.jit(lambda x: jax.lax.scan(body, x, jnp.arange(steps))[0])
+  def run():
+    jax.block_until_ready(f(jnp.ones((16, 16), jnp.float32)))
+    hcb.barrier_wait()
+  return 1e3 * _timed(run)
 
-    def run():
-      jax.block_until_ready(f(jnp.ones((16, 16), jnp.float32)))
-      hcb.barrier_wait()
-    return 1e3 * _timed(run)
 
-  rows = [(f"{steps}-step scan of a 16x16 matmul, no bar",
-           scan_time(lambda body: body), "ms")]
-  for transport in TRANSPORTS:
-    for print_rate, label in ((None, "default rate"), (1, "print_rate=1")):
-      with settings.transport(transport):
-        bar = scan_tqdm(steps, print_rate, file=open(os.devnull, "w"))
-        rows.append((f"... with scan_tqdm at the {label} ({transport})",
-                     scan_time(bar), "ms"))
-  return rows
+def _bar_case(print_rate: Optional[int], transport: Optional[str],
+              steps: int = 20000) -> Callable[[], List[Row]]:
+  """The case of a bar row: `scan_tqdm` at `print_rate` (None: its
+  default) on `transport`; no bar where `transport` is None."""
+  def case() -> List[Row]:
+    if transport is None:
+      return [(f"{steps}-step scan of a 16x16 matmul, no bar",
+               _bar_scan_ms(lambda body: body, steps), "ms")]
+    label = "default rate" if print_rate is None else f"print_rate={print_rate}"
+    with settings.transport(transport):
+      bar = scan_tqdm(steps, print_rate, file=open(os.devnull, "w"))
+      return [(f"... with scan_tqdm at the {label} ({transport})",
+               _bar_scan_ms(bar, steps), "ms")]
+  return case
 
 
 def _step_of(size: int, products: int, tapped: bool) -> Callable:
@@ -159,10 +177,60 @@ def training_rows(steps: int = 300) -> List[Row]:
            value, "ms") for name, value in times.items()]
 
 
-def main() -> None:
-  for rows in (scan_rows, bar_rows, training_rows):
-    for name, value, unit in rows():
-      print(f"{name}: {value:.3f} {unit}", flush=True)
+def _cases() -> Dict[str, Callable[[], List[Row]]]:
+  """Every case by name, in the order of the rows."""
+  cases: Dict[str, Callable[[], List[Row]]] = {
+      "scan/no-tap": _scan_case("scan step, no tap", lambda x, i: None)}
+  for transport in TRANSPORTS:
+    cases[f"scan/tap-{transport}"] = _scan_case(
+        f"+ id_tap every step ({transport})", _tap, transport)
+    cases[f"scan/rare-tap-{transport}"] = _scan_case(
+        f"+ id_tap every 1000th step in a lax.cond ({transport})", _rare_tap,
+        transport)
+  cases["scan/debug-callback"] = _scan_case(
+      "+ jax.debug.callback every step",
+      lambda x, i: jax.debug.callback(_noop, x))
+  cases["bars/no-bar"] = _bar_case(None, None)
+  for transport in TRANSPORTS:
+    cases[f"bars/default-rate-{transport}"] = _bar_case(None, transport)
+    cases[f"bars/every-step-{transport}"] = _bar_case(1, transport)
+  # One case: its loops take turns, so that drift reaches them alike.
+  cases["training"] = training_rows
+  return cases
+
+
+CASES = _cases()
+
+
+def format_row(row: Row) -> str:
+  """A row's line, as `parse_row` reads it back."""
+  name, value, unit = row
+  return f"{name}: {value:.3f} {unit}"
+
+
+def parse_row(line: str) -> Optional[Row]:
+  """The row of a `format_row` line; None for any other line."""
+  name, _, figure = line.rpartition(": ")
+  value, _, unit = figure.partition(" ")
+  try:
+    return (name, float(value), unit) if name and unit else None
+  except ValueError:
+    return None
+
+
+def main(argv: Optional[Sequence[str]] = None) -> None:
+  parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+  parser.add_argument("--case", choices=sorted(CASES),
+                      help="only this case (default: every case)")
+  parser.add_argument("--list", action="store_true",
+                      help="print the cases' names and exit")
+  args = parser.parse_args(argv)
+  if args.list:
+    print("\n".join(CASES))
+    return
+  for name in [args.case] if args.case else CASES:
+    for row in CASES[name]():
+      print(format_row(row), flush=True)
 
 
 if __name__ == "__main__":
