@@ -4,6 +4,14 @@
     hcb.id_print(x, what="x")        # inside jit, grad, vmap, scan, ...
     hcb.barrier_wait()
 
+The package's parts, by job: `api` (the public functions), `primitive/`
+(the primitive, its rules, the ordering token and the lowerings), `host/`
+(the JAX side of the receiver: host functions, the runtime, the transport
+policy, `id_print`'s printing), `barrier/` (`barrier_wait`), `bars/` (the
+progress bars, public as `host_callback.tqdm`), `migration/` (the codemod,
+public as `host_callback.migrate`), and `receiver` (the host runtime,
+`receiver/` in the repository).
+
 The public names load lazily (PEP 562): the runtime and the receiver are
 imported on first use of a name, so that `python -m host_callback.migrate`,
 which needs neither, does not start them. `import host_callback` registers
@@ -23,17 +31,18 @@ except importlib.metadata.PackageNotFoundError:  # a checkout on sys.path
   __version__ = "unknown"
 
 __all__ = [
-    "CallbackException", "CallbackFlavor", "Shard", "TapFunctionException",
-    "barrier_wait", "call",
+    "CallError", "CallbackException", "CallbackFlavor", "Shard",
+    "TapFunctionException", "barrier_wait", "call",
     "id_print", "id_tap", "install", "queue_statistics",
     "stop_outfeed_receiver",
 ]
 
 # Public name -> (submodule, attribute) that provides it.
 _LAZY = {
+    "CallError": ("host.host_functions", "CallError"),
     "CallbackException": ("receiver", "CallbackException"),
     "CallbackFlavor": ("api", "CallbackFlavor"),
-    "Shard": ("host_functions", "Shard"),
+    "Shard": ("host.host_functions", "Shard"),
     "TapFunctionException": ("receiver", "CallbackException"),
     "barrier_wait": ("api", "barrier_wait"),
     "call": ("api", "call"),
@@ -48,7 +57,7 @@ if TYPE_CHECKING:  # what static tools see; at run time __getattr__ loads them
   from .api import (CallbackFlavor, barrier_wait, call, id_print, id_tap,
                     queue_statistics, stop_outfeed_receiver)
   from .compat import install
-  from .host_functions import Shard
+  from .host.host_functions import CallError, Shard
   from .receiver import CallbackException
   TapFunctionException = CallbackException
 

@@ -18,7 +18,7 @@ import jax.numpy as jnp
 import numpy as np
 
 import host_callback as hcb
-from host_callback import transport_policy
+from host_callback.host import transport_policy
 from host_callback.tqdm import scan_tqdm
 
 STEPS = 200

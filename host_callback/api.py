@@ -13,10 +13,12 @@ from typing import Any, Callable, Dict, Optional, TextIO, Tuple
 import jax
 import numpy as np
 
-from . import barrier, host_side, primitive
-from .devices import most_devices
-from .host_functions import HostFunction, interned
-from .printing import Printer
+from .barrier import barrier
+from .host import host_side
+from .primitive import primitive
+from .host.device_numbers import most_devices
+from .host.host_functions import HostFunction, interned
+from .host.printing import Printer
 from .receiver import QueueStats
 
 

@@ -26,7 +26,7 @@ from typing import Iterable
 import jax.experimental
 
 from . import settings
-from ._migrate import barrier_errors
+from .migration import barrier_errors
 
 LEGACY_NAME = "jax.experimental.host_callback"
 

@@ -33,7 +33,7 @@ be read or parsed (the others are still done). Needs libcst, the package's
 `migrate` extra: `pip install ".[migrate]"` in a checkout, or
 `pip install libcst`. It imports neither JAX nor the host_callback runtime.
 
-This module is the command line; the codemod is in `host_callback._migrate`
+This module is the command line; the codemod is in `host_callback.migration`
 (`analysis`, `rewriting`, `notebooks`).
 """
 
@@ -62,12 +62,12 @@ except ModuleNotFoundError as import_error:  # the optional `migrate` extra
   raise ModuleNotFoundError(MISSING_LIBCST, name="libcst") from import_error
 
 # After the check for libcst.  pylint: disable=wrong-import-position
-from ._migrate.common import (  # noqa: E402  (re-exported)
+from .migration.common import (  # noqa: E402  (re-exported)
     ID_TAP_KEYWORDS, LEGACY_MODULE, NEW_MODULE, PUBLIC_NAMES, SETTING_HINTS,
     SETTING_HINT_DEFAULT, SUPPORTED_SETTINGS, Migration, MigrationError,
     Report)
-from ._migrate.notebooks import migrate_cells, migrate_notebook  # noqa: E402
-from ._migrate.rewriting import migrate_source  # noqa: E402
+from .migration.notebooks import migrate_cells, migrate_notebook  # noqa: E402
+from .migration.rewriting import migrate_source  # noqa: E402
 
 __all__ = [
     "ID_TAP_KEYWORDS", "LEGACY_MODULE", "MISSING_LIBCST", "Migration",

@@ -27,7 +27,8 @@ import jax  # noqa: E402  (after XLA_FLAGS)
 import pytest  # noqa: E402
 
 import host_callback as hcb  # noqa: E402
-from host_callback import settings, transport_policy  # noqa: E402
+from host_callback import settings  # noqa: E402
+from host_callback.host import transport_policy  # noqa: E402
 
 
 @pytest.fixture(autouse=True, params=transport_policy.available_on_cpu())

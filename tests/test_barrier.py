@@ -11,8 +11,10 @@ import numpy as np
 import pytest
 
 import host_callback as hcb
-from host_callback import barrier, executions, probes, host_side
-from host_callback.devices import zero_on
+from host_callback.barrier import barrier, probes
+from host_callback.primitive import executions
+from host_callback.host import host_side
+from host_callback.host.device_numbers import zero_on
 from helpers import Recorder, cpu_devices
 
 pytestmark = pytest.mark.usefixtures("both_modes")

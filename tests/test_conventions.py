@@ -14,7 +14,7 @@ import jax.numpy as jnp
 import pytest
 
 import host_callback as hcb
-from host_callback import transport_policy
+from host_callback.host import transport_policy
 from helpers import needs_cpu_default_backend
 
 ROOT = pathlib.Path(__file__).resolve().parent.parent

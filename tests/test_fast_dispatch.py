@@ -12,7 +12,7 @@ import pytest
 from jax.experimental import io_callback
 
 import host_callback as hcb
-from host_callback import transport_policy
+from host_callback.host import transport_policy
 from helpers import (Recorder, cpu_devices, needs_cpu_default_backend,
                      synchronous)
 

@@ -16,7 +16,7 @@ import pytest
 
 from helpers import (CTRL_C_INTERRUPTED, CTRL_C_OUTCOME, OUTFEED,
                      SUBPROCESS_TIMEOUT, run_python)
-from host_callback import transport_policy
+from host_callback.host import transport_policy
 
 
 def test_interrupt_in_a_worker_threads_tap_stays_in_that_thread(transport):

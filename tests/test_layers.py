@@ -15,17 +15,36 @@ from typing import Dict, List, Set
 PACKAGE = pathlib.Path(__file__).resolve().parent.parent / "host_callback"
 
 
+def _module_name(path: pathlib.Path) -> str:
+  """`host/host_side.py` -> 'host.host_side'; a package's __init__ is the
+  package."""
+  parts = path.relative_to(PACKAGE).with_suffix("").parts
+  return ".".join(parts[:-1] if parts[-1] == "__init__" else parts)
+
+
+def _modules() -> Dict[str, pathlib.Path]:
+  return {_module_name(path): path for path in PACKAGE.rglob("*.py")}
+
+
 def _imports() -> Dict[str, Set[str]]:
-  """Each module's imports of sibling modules, at any depth in its code."""
+  """Each module's imports of the package's other modules, at any depth in
+  its code, by dotted name below host_callback ('host.host_side')."""
+  modules = _modules()
   graph: Dict[str, Set[str]] = {}
-  for path in PACKAGE.glob("*.py"):
-    deps = graph.setdefault(path.stem, set())
+  for name, path in modules.items():
+    deps = graph.setdefault(name, set())
+    package = name.split(".") if path.name == "__init__.py" else (
+        name.split(".")[:-1])
     for node in ast.walk(ast.parse(path.read_text())):
-      if isinstance(node, ast.ImportFrom) and node.level == 1:
-        if node.module:
-          deps.add(node.module.split(".")[0])
-        else:
-          deps.update(alias.name for alias in node.names)
+      if not (isinstance(node, ast.ImportFrom) and node.level >= 1):
+        continue
+      base = package[:len(package) - node.level + 1]
+      target = ".".join(base + (node.module.split(".") if node.module else []))
+      for alias in node.names:
+        imported = f"{target}.{alias.name}" if target else alias.name
+        deps.add(imported if imported in modules else target)
+    deps.discard(name)
+    deps.discard("")
   return graph
 
 
@@ -50,16 +69,30 @@ def test_modules_import_each_other_without_cycles():
 
 def test_runtime_barrier_and_primitive_read_top_down():
   graph = _imports()
-  assert "barrier" not in graph["host_side"]
-  assert "barrier" not in graph["primitive"]
-  assert "primitive" in graph["barrier"]
-  assert "eager" in graph["primitive"]
-  assert "host_side" in graph["eager"]
+  assert "barrier.barrier" not in graph["host.host_side"]
+  assert "barrier.barrier" not in graph["primitive.primitive"]
+  assert "primitive.primitive" in graph["barrier.barrier"]
+  assert "primitive.eager" in graph["primitive.primitive"]
+  assert "host.host_side" in graph["primitive.eager"]
+
+
+def test_the_parts_import_downward():
+  """The subpackages read as the architecture doc draws them: the host side
+  knows neither the primitive nor the barrier nor the bars; the primitive
+  neither the barrier nor the bars; the barrier not the bars."""
+  below = {"host": ("primitive", "barrier", "bars", "api"),
+           "primitive": ("barrier", "bars", "api"),
+           "barrier": ("bars", "api")}
+  for module, deps in _imports().items():
+    part = module.split(".")[0]
+    upward = [d for d in deps if d.split(".")[0] in below.get(part, ())]
+    assert upward == [], (module, upward)
 
 
 def test_each_module_imports_alone_and_taps_drain_at_exit(transport):
   """Any of them can be imported first; the drain at exit still runs."""
-  for module in ("host_side", "barrier", "primitive", "lowering"):
+  for module in ("host.host_side", "barrier.barrier", "primitive.primitive",
+                 "primitive.lowering"):
     code = textwrap.dedent(f"""
         import host_callback.{module}
         import jax, jax.numpy as jnp
@@ -79,13 +112,13 @@ def test_the_adapter_exports_every_name_the_package_uses():
   """`_jax_adapter.__all__` lists what the other modules take from it."""
   from host_callback import _jax_adapter  # pylint: disable=import-outside-toplevel
   used = set()
-  for path in [*PACKAGE.glob("*.py"), *PACKAGE.glob("_migrate/*.py")]:
+  for path in PACKAGE.rglob("*.py"):
     for node in ast.walk(ast.parse(path.read_text())):
       if (isinstance(node, ast.Attribute) and
           isinstance(node.value, ast.Name) and node.value.id == "adapter"):
         used.add(node.attr)
       elif (isinstance(node, ast.ImportFrom) and
-            node.module == "_jax_adapter"):
+            node.module and node.module.endswith("_jax_adapter")):
         used.update(alias.name for alias in node.names)
   assert used and used <= set(_jax_adapter.__all__), sorted(
       used - set(_jax_adapter.__all__))
@@ -94,7 +127,7 @@ def test_the_adapter_exports_every_name_the_package_uses():
 def test_the_jax_side_reaches_the_native_module_through_its_transport():
   """host_callback/ imports receiver.transport_native, never the native
   library itself."""
-  for path in PACKAGE.glob("*.py"):
+  for path in PACKAGE.rglob("*.py"):
     for node in ast.walk(ast.parse(path.read_text())):
       if isinstance(node, ast.ImportFrom) and node.module == "receiver":
         names = {alias.name for alias in node.names}
@@ -105,7 +138,7 @@ def test_every_patch_of_jax_is_listed_and_installed():
   """`_jax_adapter.PATCHES` lists each patch of JAX's internals with the
   versions it was checked against, and importing the package installs
   each one."""
-  import host_callback.primitive  # noqa: F401  pylint: disable=import-outside-toplevel,unused-import
+  import host_callback.primitive.primitive  # noqa: F401  pylint: disable=import-outside-toplevel,unused-import
   from host_callback import _jax_adapter  # pylint: disable=import-outside-toplevel
   from jax._src.interpreters import pxla  # pylint: disable=import-outside-toplevel
   from jax._src.lax.control_flow import loops  # pylint: disable=import-outside-toplevel

@@ -346,8 +346,8 @@ def test_codemod_does_not_import_the_runtime(tmp_path, args):
     assert "+import host_callback as hcb" in process.stdout
   imported = _imported_modules(process.stderr)
   assert {"host_callback", "libcst"} <= imported
-  runtime = ("host_callback.api", "host_callback.host_side",
-             "host_callback.primitive", "host_callback.receiver")
+  runtime = ("host_callback.api", "host_callback.host.host_side",
+             "host_callback.primitive.primitive", "host_callback.receiver")
   assert sorted(name for name in imported if name.startswith(runtime)) == []
 
 

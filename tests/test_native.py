@@ -19,7 +19,7 @@ import pytest
 from jax.sharding import NamedSharding, PartitionSpec as P
 
 import host_callback as hcb
-from host_callback import host_side, transport_policy
+from host_callback.host import host_side, transport_policy
 from host_callback.receiver import native_library
 from helpers import (barrier_report, cpu_devices, needs_cpu_default_backend,
                      wait_until)

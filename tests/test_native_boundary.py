@@ -15,7 +15,7 @@ import numpy as np
 import pytest
 
 import host_callback as hcb
-from host_callback import host_side
+from host_callback.host import host_side
 from host_callback.receiver import native_sites
 
 from helpers import (CTRL_C_INTERRUPTED, CTRL_C_OUTCOME, OUTFEED,

@@ -67,7 +67,7 @@ _REFUSED = """
 
     jax.ffi.register_ffi_target = refuse  # as a jaxlib too old for the build
     import host_callback as hcb
-    from host_callback import host_side, transport_policy
+    from host_callback.host import host_side, transport_policy
 
     seen = []
     with warnings.catch_warnings(record=True) as caught:
@@ -116,7 +116,7 @@ def test_refused_handlers_warn_once_and_use_the_python_transport(
 def test_constants_both_sides_use_agree():
   """The native module exports its constants; those the Python side also
   needs without it are checked against them here."""
-  from host_callback import devices  # pylint: disable=import-outside-toplevel
+  from host_callback.host import device_numbers as devices  # pylint: disable=import-outside-toplevel
   from host_callback.receiver import native_wire, packets, queues  # pylint: disable=import-outside-toplevel
   native = _native()
   # The Python transport's consumer waits as long as the native one.

@@ -18,8 +18,8 @@ import tqdm.notebook
 import tqdm.std
 
 import host_callback as hcb
-from host_callback import (lowering, lowering_native, native_handlers,
-                           transport_policy)
+from host_callback.primitive import lowering, lowering_native
+from host_callback.host import native_handlers, transport_policy
 from host_callback.receiver import transport_native
 from host_callback.tqdm import PBar, loop_tqdm, scan_tqdm, while_tqdm
 from helpers import (OUTFEED, barrier_report, cpu_devices,
@@ -714,7 +714,7 @@ def test_gpu_bars_on_the_native_transport_tap_every_step(
 EDGES_PROGRAM = """
 import jax, jax.numpy as jnp
 import host_callback as hcb
-import host_callback.tqdm as bars
+import host_callback.bars.decorators as bars
 {every_step}
 
 def scan(n, steps):

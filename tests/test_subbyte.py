@@ -12,7 +12,7 @@ import numpy as np
 import pytest
 
 import host_callback as hcb
-from host_callback import lowering_python
+from host_callback.primitive import lowering_python
 
 pytestmark = pytest.mark.usefixtures("both_modes")
 

@@ -10,9 +10,9 @@ import logging
 import jax
 import pytest
 
-from host_callback import transport_policy
+from host_callback.host import transport_policy
 from host_callback.receiver import transport_native
-from host_callback.transport_policy import NativeNotBuiltError, decide
+from host_callback.host.transport_policy import NativeNotBuiltError, decide
 
 ANY = None
 RAISES = "raises"

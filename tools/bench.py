@@ -48,7 +48,7 @@ from jax.experimental import io_callback  # noqa: E402
 from jax.sharding import NamedSharding, PartitionSpec as P  # noqa: E402
 
 import host_callback as hcb  # noqa: E402
-from host_callback import transport_policy  # noqa: E402
+from host_callback.host import transport_policy  # noqa: E402
 from host_callback.tqdm import scan_tqdm  # noqa: E402
 from tools import bench_barrier  # noqa: E402
 

@@ -20,7 +20,7 @@ import textwrap
 _CHECK = textwrap.dedent("""
     import jax, jax.numpy as jnp, numpy as np
     import host_callback as hcb
-    from host_callback import transport_policy
+    from host_callback.host import transport_policy
     from host_callback.receiver import native_library
 
     assert native_library.available(), "the native module is not installed"

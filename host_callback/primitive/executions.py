@@ -19,10 +19,11 @@ from typing import Any, Tuple
 import jax
 from jax.extend.core import Primitive
 
-from . import _jax_adapter as adapter
-from . import per_device, transport_policy
-from ._jax_adapter import mlir
-from .receiver import transport_native
+from .. import _jax_adapter as adapter
+from . import each_device
+from ..host import transport_policy
+from .._jax_adapter import mlir
+from ..receiver import transport_native
 
 _EFFECT = adapter.host_callback_effect
 
@@ -65,8 +66,8 @@ def lower_mark(ctx: Any, token: Any, *, end: bool) -> Any:
   if devices is None:
     mlir.lower_fun(mark, multiple_results=True)(mark_ctx)
   else:  # automatically sharded code
-    per_device.lower_on_each_device(
-        mark_ctx, mark, per_device.one_axis_mesh(devices), in_specs=(),
+    each_device.lower_on_each_device(
+        mark_ctx, mark, each_device.one_axis_mesh(devices), in_specs=(),
         out_specs=[])
   return mark_ctx.tokens_out.get(_EFFECT)
 

@@ -25,8 +25,9 @@ import logging
 import warnings
 from typing import List
 
-from . import native_handlers, settings
-from .receiver import transport_native
+from . import native_handlers
+from .. import settings
+from ..receiver import transport_native
 
 # Whether the native transport's CUDA part (receiver/native/ffi_cuda.cc) has
 # passed `python -m tools.gpu_check` on a real GPU. Until it has, `auto`

@@ -15,14 +15,14 @@ from typing import (Any, Callable, Dict, List, Optional, Sequence, Set, Tuple,
 import jax
 import numpy as np
 
-from . import _jax_adapter as adapter
-from . import settings, transport_policy
-from .devices import device_by_number
+from .. import _jax_adapter as adapter
+from .. import settings
+from . import transport_policy
+from .device_numbers import device_by_number
 from .host_functions import HostFunction, Transforms, make_consumer
-from .receiver import (Consumer, PythonTransport, QueueStats, Runtime,
-                       Transport)
-from .receiver import transport_native
-from .receiver.interrupts import program_ended_by_ctrl_c
+from ..receiver import Consumer, PythonTransport, QueueStats, Runtime, Transport
+from ..receiver import transport_native
+from ..receiver.interrupts import program_ended_by_ctrl_c
 
 T = TypeVar("T")
 

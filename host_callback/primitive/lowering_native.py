@@ -17,9 +17,9 @@ from typing import Any, List, Sequence
 import jax
 import numpy as np
 
-from . import _jax_adapter as adapter
+from .. import _jax_adapter as adapter
 from .lowering_kinds import Kind
-from .receiver import transport_native
+from ..receiver import transport_native
 
 
 _TARGETS = {Kind.TAP: transport_native.OUTFEED_TARGET,

@@ -19,13 +19,14 @@ device run in dispatch order, which keeps taps ordered across them.
 from __future__ import annotations
 
 import functools
+import threading
 from typing import Any, Iterator, List
 
 from jax.extend.core import Primitive, jaxprs_in_params
 
-from . import _jax_adapter as adapter
-from . import executions, probes
-from ._jax_adapter import mlir
+from .. import _jax_adapter as adapter
+from . import executions
+from .._jax_adapter import mlir
 
 _EFFECT = adapter.host_callback_effect
 
@@ -45,8 +46,19 @@ def _abstract_eval(*avals: Any, jaxpr: Any):
 host_callback_scope_p.def_effectful_abstract_eval(_abstract_eval)
 
 
+# Set once a computation of ours over several devices was lowered: from then
+# on the barrier probes across two devices too (barrier/probes.py).
+_multi_device_lowered = threading.Event()
+
+
+def multi_device_lowered() -> bool:
+  """Whether a computation of ours over several devices was lowered."""
+  return _multi_device_lowered.is_set()
+
+
 def _lower(ctx: Any, *args: Any, jaxpr: Any) -> List[Any]:
-  probes.note_lowered(adapter.device_count(ctx))
+  if adapter.device_count(ctx) > 1:
+    _multi_device_lowered.set()
   if not executions.counted(ctx):
     return adapter.lower_scope_body(ctx, jaxpr, args, _EFFECT, lambda t: t,
                                     lambda t: None)

@@ -13,8 +13,8 @@ import logging
 import threading
 from typing import Callable, List
 
-from . import settings
-from .devices import device_by_number
+from .. import settings
+from .device_numbers import device_by_number
 
 logger = logging.getLogger("host_callback")
 

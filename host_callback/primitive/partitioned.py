@@ -29,11 +29,11 @@ from typing import Any, Callable, List, Sequence, Tuple
 import jax
 import numpy as np
 
-from . import _jax_adapter as adapter
-from .devices import device_number
-from .host_functions import (HostFunction, Part, ShardTable, Transforms,
-                             interned)
-from .per_device import lower_on_each_device
+from .. import _jax_adapter as adapter
+from ..host.device_numbers import device_number
+from ..host.host_functions import (HostFunction, Part, ShardTable, Transforms,
+                                   interned)
+from .each_device import lower_on_each_device
 
 P = jax.sharding.PartitionSpec
 

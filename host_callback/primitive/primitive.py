@@ -16,10 +16,11 @@ from typing import Any, List, Sequence, Tuple
 import jax
 from jax.extend.core import Primitive
 
-from . import _jax_adapter as adapter
-from . import eager, lowering, ordering, settings
-from ._jax_adapter import ad, batching, mlir
-from .host_functions import HostFunction, Transforms
+from .. import _jax_adapter as adapter
+from . import eager, lowering, ordering
+from .. import settings
+from .._jax_adapter import ad, batching, mlir
+from ..host.host_functions import HostFunction, Transforms
 
 host_callback_p = Primitive("host_callback")
 host_callback_p.multiple_results = True

@@ -15,10 +15,11 @@ from typing import Any, Dict, Optional, Sequence, Tuple
 import jax
 import numpy as np
 
-from . import host_side
-from .devices import device_by_number, device_number
-from .host_functions import CallError, HostFunction, Transforms, make_consumer
-from .receiver import Consumer
+from ..host import host_side
+from ..host.device_numbers import device_by_number, device_number
+from ..host.host_functions import (CallError, HostFunction, Transforms,
+                                   make_consumer)
+from ..receiver import Consumer
 
 
 # --- Eager ops: one compiled op per signature, the host function chosen at

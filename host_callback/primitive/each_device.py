@@ -10,7 +10,7 @@ from typing import Any, Callable, Sequence
 import jax
 import numpy as np
 
-from ._jax_adapter import mlir
+from .._jax_adapter import mlir
 
 # The one axis of the mesh of those shard_maps.
 AXIS = "host_callback_devices"

@@ -10,8 +10,7 @@ from libcst.metadata import MetadataWrapper
 
 from .analysis import (Analyzer, Namespace, barrier_reports, chain_reports,
                        setting_reports, uses_name)
-from .common import (LEGACY_MODULE, NEW_MODULE, Migration, Report,
-                     dotted_name)
+from .common import LEGACY_MODULE, NEW_MODULE, Migration, Report, dotted_name
 
 
 def _new_import(aliases: Sequence[cst.ImportAlias]) -> cst.Import:

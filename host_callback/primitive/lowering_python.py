@@ -9,13 +9,14 @@ import jax
 import ml_dtypes
 import numpy as np
 
-from . import _jax_adapter as adapter
-from . import executions, host_side
-from ._jax_adapter import hlo, mlir
-from .devices import device_number, numbers
+from .. import _jax_adapter as adapter
+from . import executions
+from ..host import host_side
+from .._jax_adapter import hlo, mlir
+from ..host.device_numbers import device_number, numbers
 from .lowering_kinds import Kind, wire_dtype
-from .receiver import native_wire
-from .receiver import interrupts
+from ..receiver import native_wire
+from ..receiver import interrupts
 
 
 def _device_id_source(place: adapter.ExecutionPlace

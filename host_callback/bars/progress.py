@@ -42,8 +42,10 @@ from typing import Any, Dict, List, Optional, Set, Tuple
 import jax
 import numpy as np
 
-from . import barrier, screen, stop_listeners
-from .devices import device_number
+from ..barrier import barrier
+from ..host import screen
+from ..host import stop_listeners
+from ..host.device_numbers import device_number
 
 Key = Tuple[Optional[int], Optional[int]]  # (bar id, device number)
 

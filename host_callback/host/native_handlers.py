@@ -17,7 +17,7 @@ from typing import Optional
 
 import jax
 
-from .receiver import transport_native
+from ..receiver import transport_native
 
 _FIX = ("install a host-callback release that supports the installed jaxlib "
         "(the README lists the supported JAX versions), or set "

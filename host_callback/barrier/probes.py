@@ -30,25 +30,16 @@ whose devices would conflict with theirs.
 from __future__ import annotations
 
 import functools
-import threading
 from typing import Any, FrozenSet, List, Optional, Sequence, Tuple
 
 import jax
 import jax.numpy as jnp
 import numpy as np
 
-from . import _jax_adapter as adapter
-from . import host_side
-from .devices import local_devices_by_number
-
-_multi_device_lowered = threading.Event()
-
-
-def note_lowered(device_count: int) -> None:
-  """The lowering of one of our computations, over `device_count` devices."""
-  if device_count > 1:
-    _multi_device_lowered.set()
-
+from .. import _jax_adapter as adapter
+from ..host import host_side
+from ..host.device_numbers import local_devices_by_number
+from ..primitive import ordering
 
 def _compiled_probe(sharding: jax.sharding.Sharding) -> Any:
   """A computation without arguments whose output has `sharding`: what runs
@@ -115,7 +106,7 @@ def dispatch(device_numbers: FrozenSet[int], readable: bool = False
   `readable` probes output arrays (see `cpu_finished`)."""
   chosen, covered = _probes(device_numbers, readable)
   dispatched = [adapter.execute_without_arguments(probe) for probe in chosen]
-  across = (_probe_across_two_cpus() if _multi_device_lowered.is_set()
+  across = (_probe_across_two_cpus() if ordering.multi_device_lowered()
             else None)
   if across is not None:
     # Its dispatch waits for the launch of the computation over several

@@ -31,11 +31,15 @@ from typing import Any, Callable, Dict, List, Optional, Tuple
 import jax
 import numpy as np
 
-from . import _jax_adapter as adapter
-from . import executions, primitive, probes, host_side, settings
-from .devices import device_number, local_devices_by_number, zero_on
-from .host_functions import HostFunction
-from .receiver import POLL_SECONDS, in_consumer_thread
+from .. import _jax_adapter as adapter
+from ..primitive import executions, primitive
+from . import probes
+from ..host import host_side
+from .. import settings
+from ..host.device_numbers import (device_number, local_devices_by_number,
+                                   zero_on)
+from ..host.host_functions import HostFunction
+from ..receiver import POLL_SECONDS, in_consumer_thread
 
 logger = logging.getLogger("host_callback")
 # After taps arrived that the markers did not account for, the barrier waits

@@ -15,7 +15,8 @@ NEW_MODULE = "host_callback"
 # codemod does not import the package's runtime; a test keeps them equal);
 # other names used from the module are reported.
 PUBLIC_NAMES = frozenset({
-    "CallbackException", "CallbackFlavor", "Shard", "TapFunctionException",
+    "CallError", "CallbackException", "CallbackFlavor", "Shard",
+    "TapFunctionException",
     "barrier_wait", "call",
     "id_print", "id_tap", "install", "queue_statistics",
     "stop_outfeed_receiver",

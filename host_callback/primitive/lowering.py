@@ -21,13 +21,14 @@ from typing import Any, Callable, List, Sequence
 
 import jax
 
-from . import _jax_adapter as adapter
-from . import (host_side, lowering_native, lowering_python, partitioned,
-               settings, transport_policy)
-from .devices import device_number
-from .host_functions import HostFunction, Transforms
+from .. import _jax_adapter as adapter
+from ..host import host_side, transport_policy
+from . import lowering_native, lowering_python, partitioned
+from .. import settings
+from ..host.device_numbers import device_number
+from ..host.host_functions import HostFunction, Transforms
 from .lowering_kinds import Kind, wire_dtype
-from .per_device import AXIS, lower_on_each_device, one_axis_mesh
+from .each_device import AXIS, lower_on_each_device, one_axis_mesh
 
 _EMITTERS = {"native": lowering_native.emit, "python": lowering_python.emit}
 

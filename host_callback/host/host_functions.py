@@ -14,7 +14,7 @@ import jax
 import numpy as np
 
 from . import stop_listeners
-from .receiver import interrupts
+from ..receiver import interrupts
 
 # A transformation entry as stored in primitive params (hashable):
 # (name, ((param_name, value), ...)).
