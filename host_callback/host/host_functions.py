@@ -84,6 +84,8 @@ class HostFunction:
   (`copy=False`). `partitioned`: in automatically sharded code, each device
   sends its own shard (see `partitioned.py`); `with_shard`: the function
   gets `shard=`, from `shard_table` where the value is split.
+  `consumer_context`: set where `func` is a consumer already, which names
+  the context of its errors itself (the eager ops' dispatcher, eager.py).
   """
   func: Callable[..., Any]
   arg_treedef: Any
@@ -95,6 +97,7 @@ class HostFunction:
   partitioned: bool = False
   with_shard: bool = False
   shard_table: Optional[ShardTable] = None
+  consumer_context: Optional[Callable[[], str]] = None
 
   @property
   def name(self) -> str:
@@ -104,7 +107,8 @@ class HostFunction:
     """Everything but `func`, which equal host functions share too."""
     return (self.arg_treedef, self.with_device, self.is_call,
             self.result_treedef, self.result_avals, self.copy,
-            self.partitioned, self.with_shard, self.shard_table)
+            self.partitioned, self.with_shard, self.shard_table,
+            self.consumer_context)
 
 
 def _hash_of(func: Callable[..., Any]) -> int:

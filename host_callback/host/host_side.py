@@ -90,10 +90,10 @@ def register(function: HostFunction, transforms: Transforms) -> int:
     if consumer_id is None:
       consumer: Consumer
       context: Union[str, Callable[[], str]]
-      if hasattr(function.func, "consumer_context"):
+      if function.consumer_context is not None:
         # A host function that is a consumer already, and names the error
         # context itself: the eager ops' dispatcher (eager.py).
-        consumer, context = function.func, function.func.consumer_context
+        consumer, context = function.func, function.consumer_context
       else:
         context = context_of(function)
         # The consumer holds a copy: the receiver must not keep `function`

@@ -48,17 +48,15 @@ def _dispatch_context() -> str:
   return getattr(_failed, "context", "")
 
 
-# The dispatcher is a consumer already, and names its error context itself
-# (see host_side.register).
-_dispatch.consumer_context = _dispatch_context  # type: ignore[attr-defined]
-
-
 @functools.lru_cache(maxsize=None)
 def eager_function(is_call: bool, result_avals: Tuple[Any, ...]
                    ) -> HostFunction:
   """The host function of the eager ops with this signature."""
+  # The dispatcher is a consumer already, and names its error context
+  # itself (see host_side.register).
   return HostFunction(_dispatch, None, with_device=False, is_call=is_call,
-                      result_avals=result_avals)
+                      result_avals=result_avals,
+                      consumer_context=_dispatch_context)
 
 
 def is_eager_function(function: HostFunction) -> bool:
@@ -85,8 +83,8 @@ def run_eager(function: HostFunction, transforms: Transforms,
     return NotImplemented  # the eager op queues behind those packets
   consumer = make_consumer(function, transforms, device_by_number)
   try:
-    return host_side.runtime.run_here(consumer, host_side.context_of(function), number,
-                             list(arrays))
+    return host_side.runtime.run_here(
+        consumer, host_side.context_of(function), number, list(arrays))
   except Exception as error:  # pylint: disable=broad-except
     # What the compiled op's caller gets: JAX's error for a failed
     # computation, with the device's message, chained to the cause.
@@ -106,7 +104,8 @@ def run_inline(function: HostFunction, transforms: Transforms,
   As in the original, what the host function raises reaches the caller as
   itself (a `call`'s context is added as a note), and not `barrier_wait`.
   """
-  consumer = host_side.runtime.registry.get(host_side.register(function, transforms))
+  consumer = host_side.runtime.registry.get(
+      host_side.register(function, transforms))
   try:
     return consumer(arrays, device_number(device))
   except CallError as error:
