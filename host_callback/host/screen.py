@@ -212,7 +212,9 @@ def _above(screens: List[Screen], stream: Any) -> Iterator[None]:
     try:
       yield
     finally:
-      stream.flush()
+      flush = getattr(stream, "flush", None)  # an output_stream may lack it
+      if screens and flush is not None:
+        flush()
 
 
 class _ProgramOutput:
