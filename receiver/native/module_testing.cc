@@ -1,10 +1,14 @@
-// The module's functions for tests only (tests/test_cuda_transport.py):
-// the CUDA stand-in, and a tap or a call made as the CUDA handlers make
-// them, with host memory for "device" memory and a stand-in stream.
+// The module's functions for tests only: the CUDA stand-in, and a tap or a
+// call made as the CUDA handlers make them, with host memory for "device"
+// memory and a stand-in stream (tests/test_cuda_transport.py); a queue's
+// pushes and claims as the device side makes them
+// (tests/test_queue_protocol.py, which reaches the consumer's and guests'
+// side through take, release, take_as_guest and end_guest).
 
 #include "module_support.h"
 
 #include <cstdint>
+#include <type_traits>
 #include <vector>
 
 #include "cuda_api.h"
@@ -61,12 +65,69 @@ PyObject* TestingCudaCall(PyObject*, PyObject* args) {
   });
 }
 
+// Pushes a packet of no arrays whose site is `tag`, as a tap.
+PyObject* TestingPush(PyObject*, PyObject* args) {
+  long long device_id, tag;
+  if (!PyArg_ParseTuple(args, "LL", &device_id, &tag)) return nullptr;
+  return CatchToPython([&] {
+    hcb::Status status;
+    WithoutGil([&] {
+      status = hub().Queue(device_id)->Push(tag, /*request_id=*/0, nullptr, 0);
+    });
+    return NoneOrRaise(status);
+  });
+}
+
+// One of the queue's claim calls, made on the calling thread without the
+// GIL: `call` returns bool or void.
+template <typename Call>
+PyObject* OnQueue(PyObject* arg, Call call) {
+  const long long device_id = PyLong_AsLongLong(arg);
+  if (PyErr_Occurred()) return nullptr;
+  return CatchToPython([&]() -> PyObject* {
+    hcb::DeviceQueue* queue = hub().Queue(device_id);
+    if constexpr (std::is_void_v<decltype(call(queue))>) {
+      WithoutGil([&] { call(queue); });
+      Py_RETURN_NONE;
+    } else {
+      bool result = false;
+      WithoutGil([&] { result = call(queue); });
+      return PyBool_FromLong(result);
+    }
+  });
+}
+
+PyObject* TestingClaimIfIdle(PyObject*, PyObject* arg) {
+  return OnQueue(arg, [](hcb::DeviceQueue* q) { return q->ClaimIfIdle(); });
+}
+PyObject* TestingEndClaim(PyObject*, PyObject* arg) {
+  return OnQueue(arg, [](hcb::DeviceQueue* q) { q->EndClaim(); });
+}
+PyObject* TestingSuspendClaim(PyObject*, PyObject* arg) {
+  return OnQueue(arg, [](hcb::DeviceQueue* q) { return q->SuspendClaim(); });
+}
+PyObject* TestingResumeClaim(PyObject*, PyObject* arg) {
+  return OnQueue(arg, [](hcb::DeviceQueue* q) { q->ResumeClaim(); });
+}
+PyObject* TestingConsumingOnThisThread(PyObject*, PyObject* arg) {
+  return OnQueue(arg, [](hcb::DeviceQueue* q) {
+    return q->ConsumingOnThisThread();
+  });
+}
+
 }  // namespace
 
 PyMethodDef kTestingMethods[] = {
     {"_testing_cuda_standin", TestingCudaStandIn, METH_VARARGS, nullptr},
     {"_testing_cuda_tap", TestingCudaTap, METH_VARARGS, nullptr},
     {"_testing_cuda_call", TestingCudaCall, METH_VARARGS, nullptr},
+    {"_testing_push", TestingPush, METH_VARARGS, nullptr},
+    {"_testing_claim_if_idle", TestingClaimIfIdle, METH_O, nullptr},
+    {"_testing_end_claim", TestingEndClaim, METH_O, nullptr},
+    {"_testing_suspend_claim", TestingSuspendClaim, METH_O, nullptr},
+    {"_testing_resume_claim", TestingResumeClaim, METH_O, nullptr},
+    {"_testing_consuming_on_this_thread", TestingConsumingOnThisThread,
+     METH_O, nullptr},
     {nullptr, nullptr, 0, nullptr},
 };
 
