@@ -1,9 +1,13 @@
-"""The native transport's callback sites, by id.
+"""The native transport's callback sites, by id: the owner of the site table.
 
-`register_site` records, at lowering time, the consumer and the array
-layout (`native_wire.Column`) of each callback site, here and in the
-extension module (as byte sizes, which the device's arrays must have, and
-as the dtypes and shapes the direct runner builds arrays of).
+`register_site` lays out, at lowering time, the arrays of each callback site
+(`native_wire.Column`) and records them with its consumer here. The
+extension module keeps two copies, which only this module writes, through
+the module's `register_site` and `unregister_site`: the byte sizes the
+device's arrays must have (`native/site_sizes.h:SiteSizes`, read by device
+threads without the GIL) and the dtypes, shapes and unpackers the direct
+runner builds arrays of (`native/python_sites.h`).
+`tests/test_native_sites.py` checks that both say what this table says.
 """
 
 from __future__ import annotations
@@ -35,6 +39,13 @@ _site_ids: Dict[tuple, int] = {}
 _next_site_id = itertools.count()
 
 
+def _key(consumer_id: int, dtypes: Sequence[np.dtype],
+         shapes: Sequence[Tuple[int, ...]]) -> tuple:
+  """What makes two registrations one site."""
+  return (consumer_id, tuple(np.dtype(d) for d in dtypes),
+          tuple(tuple(s) for s in shapes))
+
+
 def register_site(consumer_id: int, dtypes: Sequence[np.dtype],
                   shapes: Sequence[Tuple[int, ...]], *, name: str,
                   copy: bool, result_dtypes: Sequence[np.dtype]) -> int:
@@ -46,8 +57,7 @@ def register_site(consumer_id: int, dtypes: Sequence[np.dtype],
   are never reused.
   """
   assert native is not None, "the native transport is not built"
-  key = (consumer_id, tuple(np.dtype(d) for d in dtypes),
-         tuple(tuple(s) for s in shapes))
+  key = _key(consumer_id, dtypes, shapes)
   with _sites_lock:
     site_id = _site_ids.get(key)
     if site_id is not None:
@@ -76,7 +86,6 @@ def unregister_site(site_id: int) -> None:
     site = sites.pop(site_id, None)
     if site is None:
       return
-    key = (site.consumer_id, tuple(c.dtype for c in site.columns),
-           tuple(c.shape for c in site.columns))
-    del _site_ids[key]
+    del _site_ids[_key(site.consumer_id, [c.dtype for c in site.columns],
+                       [c.shape for c in site.columns])]
     native.unregister_site(site_id)

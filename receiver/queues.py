@@ -24,14 +24,16 @@ class PacketQueue:
   the consumer itself sends: it cannot wait for itself).
 
   As the native hub does, a device thread may run a request's host function
-  itself instead of queuing it (`begin_direct`) when every packet put has
+  itself instead of queuing it (`claim_if_idle`) when every packet put has
   been consumed. Meanwhile the consumer takes nothing, so the device's host
   functions still run one at a time and in order; a direct run that waits
   for the consumer (a nested request that had to queue) lets it take
-  meanwhile (`suspend_direct`). A host function that the consumer runs may
+  meanwhile (`suspend_claim`). A host function that the consumer runs may
   make the consumer take again (nested, `take_all`). A thread that waits
   for the queue to drain (a barrier) may likewise take the next packet and
   consume it itself (`take_as_guest`) when no consumer holds packets.
+  These claims follow one protocol on both transports, written down once:
+  "The queue protocol" in docs/architecture.md.
 
   The queue's condition lock guards every field below it.
   """
@@ -46,11 +48,12 @@ class PacketQueue:
     self._finished = 0   # packets whose consumer has returned
     self._taken = 0      # packets taken and not yet finished
     self._consumer: Optional[int] = None  # the thread that took them
-    # Direct runs nest `_direct_depth` deep in the thread `_direct_owner`;
-    # the consumer takes nothing while `_direct_busy`.
-    self._direct_depth = 0
-    self._direct_owner: Optional[int] = None
-    self._direct_busy = False
+    # The claim (a direct run's or a guest's) nests `_claim_depth` deep in
+    # the thread `_claim_owner`; the consumer takes nothing while
+    # `_claim_active` (false while the owner suspends it).
+    self._claim_depth = 0
+    self._claim_owner: Optional[int] = None
+    self._claim_active = False
     # A guest's (take_as_guest) packet, not yet finished: it holds the claim.
     self._guest_packet: Optional[Packet] = None
 
@@ -120,7 +123,7 @@ class PacketQueue:
   def _takeable(self, thread: int) -> bool:
     # A direct run that resumes waits until the consumer, which may take
     # again inside a host function, has finished what it took.
-    return bool(self._packets) and (not self._direct_busy or
+    return bool(self._packets) and (not self._claim_active or
                                     self._consuming_in(thread))
 
   def mark_finished(self, packet: Packet) -> None:
@@ -131,7 +134,7 @@ class PacketQueue:
       self._taken -= 1
       self._cond.notify_all()
 
-  def is_consumer(self) -> bool:
+  def consuming_on_this_thread(self) -> bool:
     """Whether the calling thread is the consumer, inside a host function
     of this device: it alone can consume what it requests."""
     with self._cond:
@@ -140,74 +143,54 @@ class PacketQueue:
   def _consuming_in(self, thread: int) -> bool:
     return bool(self._taken) and self._consumer == thread
 
-  # --- Direct runs: host functions on the device thread ---
+  # --- Claims: direct runs, suspensions and guests ---
+  # The protocol, its states and its names are the native queue's too: see
+  # "The queue protocol" in docs/architecture.md.
 
-  def begin_direct(self) -> bool:
-    """Whether the calling thread may run a request's host function now.
+  def claim_if_idle(self) -> bool:
+    """Whether the calling thread may run a request's host function now
+    (a direct run), claiming the queue, or deepening its own claim.
 
-    It may when every packet put has been consumed and no other thread runs
-    one directly; then the consumer takes nothing until `end_direct`.
+    It may when every packet put has been consumed and no other thread
+    holds the claim; then the consumer takes nothing until `end_claim`.
     """
     me = threading.get_ident()
     with self._cond:
-      if self._direct_depth and self._direct_owner != me:
+      if self._claim_depth and self._claim_owner != me:
         return False
       if self._enqueued != self._finished:
         return False  # queued packets come first
       self._claim()
       return True
 
-  def end_direct(self) -> None:
-    """The host function that `begin_direct` allowed has returned."""
+  def end_claim(self) -> None:
+    """Ends one level of the calling thread's claim; the last one releases
+    the queue. Does nothing on a thread that holds no claim."""
     with self._cond:
-      self._direct_depth -= 1
-      if not self._direct_depth:
+      if not self._holds_claim(threading.get_ident()):
+        return
+      self._claim_depth -= 1
+      if not self._claim_depth:
         self._release_claim()
 
-  def _claim(self) -> None:
-    """The calling thread claims the device, or deepens its claim (a direct
-    run, or a guest): the consumer takes nothing meanwhile."""
-    self._direct_depth += 1
-    self._direct_owner = threading.get_ident()
-    self._direct_busy = True
-
-  def _release_claim(self) -> None:
-    self._direct_depth = 0
-    self._direct_owner = None
-    self._direct_busy = False
-    self._cond.notify_all()
-
-  def suspend_direct(self) -> bool:
-    """Lets the consumer take while the calling thread, which runs a host
-    function directly, waits for it; returns whether to `resume_direct`."""
+  def suspend_claim(self) -> bool:
+    """Lets the consumer take while the calling thread, which holds the
+    claim, waits for it; returns whether to `resume_claim`."""
     with self._cond:
       return self._suspend(threading.get_ident())
 
-  def resume_direct(self) -> None:
-    """Claims the device back once the consumer finished what it took."""
+  def resume_claim(self) -> None:
+    """Claims the queue back once the consumer finished what it took."""
     with self._cond:
       self._resume()
 
-  def _suspend(self, thread: int) -> bool:
-    if not self._direct_busy or self._direct_owner != thread:
-      return False
-    self._direct_busy = False
-    self._cond.notify_all()
-    return True
-
-  def _resume(self) -> None:
-    self._direct_busy = True  # the consumer takes nothing new
-    while self._taken:
-      self._cond.wait(POLL_SECONDS)
-
-  # --- Guests: a thread that waits for the queue to drain consumes it ---
-
   def take_as_guest(self) -> Optional[Packet]:
-    """The next waiting packet, for the calling thread to consume, when no
-    consumer holds packets and no host function runs directly; the queue
-    is then claimed as by `begin_direct` until `end_guest`."""
+    """The next waiting packet, for the calling thread (one that waits for
+    the queue to drain) to consume, when no consumer holds packets and no
+    thread holds the claim; the queue is then claimed as by
+    `claim_if_idle` until `end_guest`."""
     with self._cond:
-      if self._direct_depth or self._taken or not self._packets:
+      if self._claim_depth or self._taken or not self._packets:
         return None
       self._claim()
       self._guest_packet = self._packets.popleft()
@@ -219,12 +202,41 @@ class PacketQueue:
     that holds no guest's claim."""
     with self._cond:
       packet = self._guest_packet
-      if packet is None or self._direct_owner != threading.get_ident():
+      if packet is None or not self._holds_claim(threading.get_ident()):
         return
       self._guest_packet = None
       self._bytes -= packet.nbytes
       self._finished += 1
       self._release_claim()
+
+  def _holds_claim(self, thread: int) -> bool:
+    return bool(self._claim_depth) and self._claim_owner == thread
+
+  def _claim(self) -> None:
+    """The calling thread claims the queue, or deepens its claim."""
+    if not self._claim_depth:
+      self._claim_owner = threading.get_ident()
+    self._claim_depth += 1
+    self._claim_active = True
+
+  def _release_claim(self) -> None:
+    """The last level of the claim ends: the consumer takes again."""
+    self._claim_depth = 0
+    self._claim_owner = None
+    self._claim_active = False
+    self._cond.notify_all()
+
+  def _suspend(self, thread: int) -> bool:
+    if not self._claim_active or not self._holds_claim(thread):
+      return False
+    self._claim_active = False
+    self._cond.notify_all()
+    return True
+
+  def _resume(self) -> None:
+    self._claim_active = True  # the consumer takes nothing new
+    while self._taken:
+      self._cond.wait(POLL_SECONDS)
 
   # --- Statistics and waits ---
 

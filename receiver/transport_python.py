@@ -32,7 +32,7 @@ class PythonTransport:
   and `request` run on the thread that executes the device computation
   (JAX's host-callback machinery calls them); the receiver's threads consume.
   As on the native transport, a request whose device queue allows it
-  (`PacketQueue.begin_direct`) runs its host function on that thread
+  (`PacketQueue.claim_if_idle`) runs its host function on that thread
   instead: so a host function can run JAX code that calls the host again.
   The transport lock guards `_queues`, `_sites` and `_listener`.
   """
@@ -87,14 +87,14 @@ class PythonTransport:
     enqueues a call packet and waits for the host's reply."""
     queue = self._queue(device_id)
     run = self._direct
-    if run is not None and queue.begin_direct():
+    if run is not None and queue.claim_if_idle():
       try:
         return self._run_direct(run, device_id, site, arrays)
       finally:
-        queue.end_direct()
+        queue.end_claim()
     reply = Reply()
     consume_nested = self._nested
-    if consume_nested is not None and queue.is_consumer():
+    if consume_nested is not None and queue.consuming_on_this_thread():
       # A host function of this device runs JAX code: its consumer (this
       # thread) runs the queue up to the request, as it would have, first
       # what it took and has not run yet.
@@ -102,13 +102,13 @@ class PythonTransport:
       while not reply.done:
         consume_nested(device_id)
       return reply.wait(self._ensure_receiver)
-    suspended = queue.suspend_direct()  # the consumer may answer
+    suspended = queue.suspend_claim()  # the consumer may answer
     try:
       self._put(device_id, site, arrays, reply)
       return reply.wait(self._ensure_receiver)
     finally:
       if suspended:
-        queue.resume_direct()
+        queue.resume_claim()
 
   def _run_direct(self, run: DirectRun, device_id: int, site: int,
                   arrays: Sequence[np.ndarray]) -> Sequence[np.ndarray]:

@@ -2,20 +2,17 @@
 with on its own thread (`Transport.take_here`), instead of waking that
 thread and waiting for it: in the outfeed mode, a barrier after a step costs
 no hand-off. What must hold: each device's order, nothing taken while a
-receiver thread holds packets, Ctrl-C, and the queue's own rules
-(`PacketQueue`)."""
+receiver thread holds packets, and Ctrl-C. The queue's own rules for guests
+are tested on both queues in tests/test_queue_protocol.py."""
 
 import signal
 import threading
 
 import jax
 import jax.numpy as jnp
-import numpy as np
 import pytest
 
 import host_callback as hcb
-from host_callback.receiver.packets import Packet
-from host_callback.receiver.queues import PacketQueue
 from helpers import needs_cpu_default_backend
 
 pytestmark = pytest.mark.usefixtures("outfeed_mode")
@@ -104,65 +101,3 @@ def test_ctrl_c_in_a_tap_the_barrier_runs_reaches_the_barriers_caller():
       jnp.int32(7))
   hcb.barrier_wait()  # raises no CallbackException for the interrupt
   assert received == [7]
-
-
-# --- PacketQueue, the Python transport's queue ---
-
-
-def _packet(value: int) -> Packet:
-  return Packet(consumer_id=1, device_id=0, arrays=[np.int32(value)])
-
-
-def _values(packets):
-  return [int(packet.arrays[0]) for packet in packets]
-
-
-def test_queue_guest_takes_one_packet_and_claims_the_queue():
-  queue = PacketQueue(1 << 20)
-  for value in range(3):
-    queue.put(_packet(value), lambda: None)
-  taken = queue.take_as_guest()
-  assert _values([taken]) == [0]
-  assert queue.take_all(0.01) == []  # claimed: the consumer waits
-  assert queue.take_as_guest() is None  # one guest at a time
-  assert not queue.begin_direct()  # nor a direct run of another request
-  queue.end_guest()
-  assert queue.packets_waiting == 2
-  assert _values(queue.take_all(0.01)) == [1, 2]
-
-
-def test_queue_guest_takes_nothing_while_the_consumer_holds_packets():
-  queue = PacketQueue(1 << 20)
-  queue.put(_packet(0), lambda: None)
-  batch = queue.take_all(0.01)
-  queue.put(_packet(1), lambda: None)
-  assert queue.take_as_guest() is None  # packet 0 is not finished
-  queue.mark_finished(batch[0])
-  taken = queue.take_as_guest()
-  assert _values([taken]) == [1]
-  queue.end_guest()
-  assert queue.packets_waiting == 0
-
-
-def test_queue_guest_ends_only_its_own_claim():
-  queue = PacketQueue(1 << 20)
-  queue.put(_packet(0), lambda: None)
-  queue.end_guest()  # no claim: nothing happens
-  taken = queue.take_as_guest()
-  other = threading.Thread(target=queue.end_guest)
-  other.start()
-  other.join()
-  assert queue.packets_waiting == 1  # still the guest's
-  queue.end_guest()
-  queue.end_guest()  # once only
-  assert queue.packets_waiting == 0
-  assert taken is not None
-
-
-def test_queue_guest_takes_nothing_during_a_direct_run():
-  queue = PacketQueue(1 << 20)
-  assert queue.begin_direct()
-  queue.put(_packet(0), lambda: None)  # a tap sent by the direct run
-  assert queue.take_as_guest() is None
-  queue.end_direct()
-  assert _values([queue.take_as_guest()]) == [0]

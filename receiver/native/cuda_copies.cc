@@ -154,6 +154,95 @@ Status Failed(Landing& landing) {
   return Failure(Code::kInternal, landing.failure);
 }
 
+// Issue's first phase: an event to record after the copies, one that
+// landed before (reusable) or a new one, for which room among the reusable
+// ones is kept first. An error names the failing call; on bad_alloc the new
+// event is destroyed. Either way no event is taken.
+Status AcquireEvent(const CudaApi& api, Landing& landing, cuda::Event* event) {
+  {
+    std::lock_guard<std::mutex> lock(landing.mu);
+    if (!landing.events.empty()) {
+      *event = landing.events.back();
+      landing.events.pop_back();
+      return Status();
+    }
+  }
+  const cuda::Error error = api.cudaEventCreateWithFlags(
+      event, cuda::kEventBlockingSync | cuda::kEventDisableTiming);
+  if (error != cuda::kSuccess) {
+    return Failure(Code::kInternal,
+                   CudaFailure(api, "cudaEventCreateWithFlags", error,
+                               "for a GPU callback's copy"));
+  }
+  try {
+    std::lock_guard<std::mutex> lock(landing.mu);
+    landing.events.reserve(static_cast<size_t>(landing.events_made + 1));
+    ++landing.events_made;
+  } catch (const std::bad_alloc&) {
+    api.cudaEventDestroy(*event);
+    throw;
+  }
+  return Status();
+}
+
+// Issue's second phase: enqueues the copies of `src[i]` into `dst[i]`
+// (`kind`) on `stream`, up to the first that fails. Returns that one's
+// error (empty when none failed); `*enqueued`: whether any copy is on the
+// stream.
+std::string EnqueueCopies(const CudaApi& api, cuda::Stream stream, int kind,
+                          const Span* dst, const Span* src, size_t count,
+                          bool* enqueued) {
+  *enqueued = false;
+  for (size_t i = 0; i < count; ++i) {
+    if (src[i].bytes == 0) continue;
+    const cuda::Error error =
+        api.cudaMemcpyAsync(dst[i].data, src[i].data,
+                            static_cast<size_t>(src[i].bytes), kind, stream);
+    if (error != cuda::kSuccess) {
+      return CudaFailure(api, "cudaMemcpyAsync", error,
+                         kind == cuda::kMemcpyDeviceToHost
+                             ? "copying a GPU callback's operands to the host"
+                             : "copying a GPU callback's results to the "
+                               "device");
+    }
+    *enqueued = true;
+  }
+  return std::string();
+}
+
+// Records `event` after the copies on `stream`: empty, or the error.
+std::string RecordEvent(const CudaApi& api, cuda::Event event,
+                        cuda::Stream stream) {
+  const cuda::Error error = api.cudaEventRecord(event, stream);
+  if (error == cuda::kSuccess) return std::string();
+  return CudaFailure(api, "cudaEventRecord", error,
+                     "after a GPU callback's copy");
+}
+
+// Issue's last phase, with an event recorded after the copies: the landing
+// thread takes `entry` when it completes; `*seq` is its place.
+void HandToLanding(Landing& landing, InFlight entry, cuda::Event event,
+                   int64_t* seq) {
+  entry.event = event;
+  std::lock_guard<std::mutex> lock(landing.mu);
+  entry.seq = ++landing.issued;
+  *seq = entry.seq;
+  landing.pending.push_back(entry);
+  landing.work.notify_one();
+}
+
+// Issue's last phase, with no event recorded: `event` is reusable, and
+// `entry` is dropped; its block is free once the stream is, where a copy
+// was `enqueued` (if that cannot be known, the block is never reused).
+void DropUnrecorded(const CudaApi& api, Landing& landing, cuda::Stream stream,
+                    cuda::Event event, InFlight& entry, bool enqueued) {
+  {
+    std::lock_guard<std::mutex> lock(landing.mu);
+    landing.events.push_back(event);  // room was kept for it
+  }
+  Drop(entry, !enqueued || api.cudaStreamSynchronize(stream) == cuda::kSuccess);
+}
+
 // Enqueues on `stream` the copies of `src[i]` into `dst[i]` (`kind`), then
 // an event, and hands `entry` to the landing thread with that event; `*seq`
 // is its place. On a failing CUDA call it returns an error naming the call
@@ -164,84 +253,37 @@ Status Issue(const CudaApi& api, Landing& landing, cuda::Stream stream,
              int kind, const Span* dst, const Span* src, size_t count,
              InFlight entry, int64_t* seq) {
   cuda::Event event = nullptr;
-  {
-    std::lock_guard<std::mutex> lock(landing.mu);
-    if (!landing.events.empty()) {
-      event = landing.events.back();
-      landing.events.pop_back();
-    }
+  Status acquired;
+  try {
+    acquired = AcquireEvent(api, landing, &event);
+  } catch (...) {
+    Drop(entry, true);  // nothing was enqueued
+    throw;
   }
-  if (event == nullptr) {
-    const cuda::Error error = api.cudaEventCreateWithFlags(
-        &event, cuda::kEventBlockingSync | cuda::kEventDisableTiming);
-    if (error != cuda::kSuccess) {
-      Drop(entry, true);
-      return Failure(Code::kInternal,
-                     CudaFailure(api, "cudaEventCreateWithFlags", error,
-                                 "for a GPU callback's copy"));
-    }
-    try {
-      std::lock_guard<std::mutex> lock(landing.mu);
-      landing.events.reserve(static_cast<size_t>(landing.events_made + 1));
-      ++landing.events_made;
-    } catch (const std::bad_alloc&) {
-      api.cudaEventDestroy(event);
-      Drop(entry, true);
-      throw;
-    }
+  if (!acquired.ok()) {
+    Drop(entry, true);
+    return acquired;
   }
-  std::string failure;
-  bool enqueued = false;  // a copy is on the stream
-  for (size_t i = 0; i < count && failure.empty(); ++i) {
-    if (src[i].bytes == 0) continue;
-    const cuda::Error error =
-        api.cudaMemcpyAsync(dst[i].data, src[i].data,
-                            static_cast<size_t>(src[i].bytes), kind, stream);
-    if (error == cuda::kSuccess) {
-      enqueued = true;
-    } else {
-      failure = CudaFailure(api, "cudaMemcpyAsync", error,
-                            kind == cuda::kMemcpyDeviceToHost
-                                ? "copying a GPU callback's operands to "
-                                  "the host"
-                                : "copying a GPU callback's results to the "
-                                  "device");
-    }
-  }
+  bool enqueued = false;
+  std::string failure =
+      EnqueueCopies(api, stream, kind, dst, src, count, &enqueued);
   bool recorded = false;
   if (failure.empty()) {
-    const cuda::Error error = api.cudaEventRecord(event, stream);
-    if (error == cuda::kSuccess) {
-      recorded = true;
-    } else {
-      failure = CudaFailure(api, "cudaEventRecord", error,
-                            "after a GPU callback's copy");
-    }
+    failure = RecordEvent(api, event, stream);
+    recorded = failure.empty();
   } else if (enqueued) {
     // The copies enqueued before the failure still write the block: an
     // event after them lands the entry as dropped.
-    recorded = api.cudaEventRecord(event, stream) == cuda::kSuccess;
+    recorded = RecordEvent(api, event, stream).empty();
   }
   if (!failure.empty()) {
     entry.deliver = false;
     entry.keep = false;  // the caller gets an error, not the block
   }
   if (recorded) {
-    entry.event = event;
-    std::lock_guard<std::mutex> lock(landing.mu);
-    entry.seq = ++landing.issued;
-    *seq = entry.seq;
-    landing.pending.push_back(entry);
-    landing.work.notify_one();
+    HandToLanding(landing, entry, event, seq);
   } else {
-    {
-      std::lock_guard<std::mutex> lock(landing.mu);
-      landing.events.push_back(event);  // never recorded: reusable
-    }
-    // Copies without an event after them: the block is free once the
-    // stream is; if that cannot be known, it is never reused.
-    Drop(entry, !enqueued ||
-                    api.cudaStreamSynchronize(stream) == cuda::kSuccess);
+    DropUnrecorded(api, landing, stream, event, entry, enqueued);
   }
   if (failure.empty()) return Status();
   return Failure(Code::kInternal, failure);

@@ -167,7 +167,7 @@ int64_t DeviceQueue::Take(double timeout_s, uint8_t* dst, int64_t capacity,
   consumer_ = std::thread::id();  // done with its last batch
   const int64_t generation = receiver->wake_generation();
   auto woken = [&] { return receiver->wake_generation() != generation; };
-  auto ready = [&] { return unread_ > 0 && !direct_busy_; };
+  auto ready = [&] { return unread_ > 0 && !claim_active_; };
   const auto deadline = Clock::now() + Seconds(timeout_s);
   auto pace_until = last_take_ + kBatchInterval;
   if (!ready() && expect_request_) {

@@ -6,8 +6,9 @@
 // and Hub::Call); one consumer thread at a time takes and releases (the
 // Python receiver, through the extension module); any thread may wait for
 // finished packets. Its lock, `mu_`, is its own: it guards every
-// non-atomic field, including the direct runs' claim (direct_runs.h), which
-// Take respects; others reach the state only through the methods below. A
+// non-atomic field, including the claim of a direct run (direct_runs.h) or
+// a guest, which Take respects (the protocol: "The queue protocol" in
+// docs/architecture.md); others reach the state only through the methods below. A
 // large packet's block is acquired from the queue's BlockPool, and the
 // reply table of Calls is asked, with `mu_` unlocked.
 
@@ -100,19 +101,6 @@ class DeviceQueue {
                IndexEntry* index, int64_t max_packets, int64_t* needed);
   // Marks consumed packets finished and frees their bytes in the bound.
   void Release(int64_t packets, int64_t bytes);
-  // A guest, a thread that waits for the queue to drain (barrier_wait),
-  // takes the next waiting packet to consume it itself, as Take describes
-  // it, when no consumer holds a batch and no host function runs on a
-  // device thread. The guest then claims the queue as a direct run does
-  // (direct_runs.h): the consumer takes nothing until EndGuest. Returns 0,
-  // claiming nothing, when it may not or nothing waits, and with `*needed`
-  // set when the packet is larger than `capacity`.
-  int64_t TakeAsGuest(uint8_t* dst, int64_t capacity, IndexEntry* index,
-                      int64_t* needed);
-  // On the guest's thread: what it took is finished (consumed, or given up
-  // by an interrupted guest), and the claim ends. Does nothing elsewhere,
-  // or when the thread holds no guest's claim.
-  void EndGuest();
   // Waits up to `timeout_s` until `target` packets are finished.
   bool WaitFinished(int64_t target, double timeout_s);
 
@@ -137,21 +125,40 @@ class DeviceQueue {
   // Whether every packet pushed so far is finished.
   bool Drained();
 
-  // Direct runs (direct_runs.h). The calling thread claims the device for
+  // Claims (device_queue_claims.cc): the protocol, its states and its
+  // names, shared with the Python queue, are written down in "The queue
+  // protocol" of docs/architecture.md. The consumer takes nothing while
+  // the queue is claimed, unless the claim is suspended.
+  //
+  // A direct run (direct_runs.h): the calling thread claims the queue for
   // a host function run on it when nothing is queued or being consumed, or
-  // deepens its own claim; false when it may not. The consumer takes
-  // nothing while the device is claimed.
+  // deepens its own claim; false when it may not.
   bool ClaimIfIdle();
   // Ends one level of the calling thread's claim; the last one releases
-  // the device, and the consumer takes again.
+  // the queue, and the consumer takes again. Does nothing on a thread that
+  // holds no claim.
   void EndClaim();
-  // Whether the calling thread is the queue's consumer, inside a batch.
-  bool ConsumingOnThisThread();
   // While the claim's owner waits for the consumer (a request of its own
   // device), the consumer may take: returns whether a claim was suspended,
   // to ResumeClaim.
   bool SuspendClaim();
   void ResumeClaim();
+  // A guest, a thread that waits for the queue to drain (barrier_wait),
+  // takes the next waiting packet to consume it itself, as Take describes
+  // it, when no consumer holds a batch and no host function runs on a
+  // device thread. The guest then claims the queue as a direct run does
+  // (direct_runs.h): the consumer takes nothing until EndGuest. Returns 0,
+  // claiming nothing, when it may not or nothing waits, and with `*needed`
+  // set when the packet is larger than `capacity`.
+  int64_t TakeAsGuest(uint8_t* dst, int64_t capacity, IndexEntry* index,
+                      int64_t* needed);
+  // On the guest's thread: what it took is finished (consumed, or given up
+  // by an interrupted guest), and the claim ends. Does nothing elsewhere,
+  // or when the thread holds no guest's claim.
+  void EndGuest();
+  // Whether the calling thread is the queue's consumer, inside a batch:
+  // a request it makes is served by it (the nested consumer).
+  bool ConsumingOnThisThread();
 
  private:
   Chunk* ChunkWithRoom(int64_t size);
@@ -210,18 +217,22 @@ class DeviceQueue {
                    int64_t site, int64_t request_id, const Span* arrays,
                    size_t num_arrays);
 
+  // Under `mu_`: whether the calling thread holds the claim.
+  bool HoldsClaim() const {
+    return claim_depth_ > 0 && claim_owner_ == std::this_thread::get_id();
+  }
   // Under `mu_`: the calling thread claims the device, or deepens its
   // claim (a direct run, or a guest).
   void Claim() {
-    if (direct_depth_++ == 0) direct_owner_ = std::this_thread::get_id();
-    direct_busy_ = true;
+    if (claim_depth_++ == 0) claim_owner_ = std::this_thread::get_id();
+    claim_active_ = true;
   }
   // Under `mu_`: the last claim ends; the consumer takes again, at once if
   // packets arrived meanwhile.
   void ReleaseClaim() {
-    direct_depth_ = 0;
-    direct_owner_ = std::thread::id();
-    direct_busy_ = false;
+    claim_depth_ = 0;
+    claim_owner_ = std::thread::id();
+    claim_active_ = false;
     if (unread_ > 0) {
       hurry_ = true;
       WakeConsumer();
@@ -260,13 +271,13 @@ class DeviceQueue {
   bool hurry_ = false;
   int finish_waiters_ = 0;             // threads in WaitFinished
   bool expect_request_ = false;        // the last batch held one: spin first
-  // Host functions run on a device thread (DirectRuns), nested
-  // `direct_depth_` deep in `direct_owner_`, or a guest's (TakeAsGuest): the
-  // consumer takes nothing while `direct_busy_`, unless the owner waits for
-  // the consumer (nested request).
-  bool direct_busy_ = false;
-  int direct_depth_ = 0;
-  std::thread::id direct_owner_;
+  // The claim, a direct run's (DirectRuns) or a guest's (TakeAsGuest),
+  // nested `claim_depth_` deep in `claim_owner_`: the consumer takes
+  // nothing while `claim_active_` (false while the owner suspends it, to
+  // wait for the consumer: a nested request).
+  bool claim_active_ = false;
+  int claim_depth_ = 0;
+  std::thread::id claim_owner_;
   // The claim is a guest's (TakeAsGuest), who took these and has not
   // finished them.
   bool guest_ = false;

@@ -3,6 +3,8 @@
 // that consumes waiting packets itself), their suspension while the owner
 // waits for a request of its own device, and the consumer's thread. Kept
 // apart from the packets' path (device_queue.cc); the same `mu_` guards both.
+// The protocol, its states and its names are the Python queue's too
+// (receiver/queues.py): see "The queue protocol" in docs/architecture.md.
 
 #include "device_queue.h"
 
@@ -14,7 +16,7 @@ int64_t DeviceQueue::TakeAsGuest(uint8_t* dst, int64_t capacity,
   std::unique_lock<std::mutex> lock(mu_);
   // No consumer holds a batch (it would finish it first), no host function
   // runs on a device thread, and a packet waits.
-  if (consumer_ != std::thread::id() || direct_depth_ > 0 || unread_ == 0) {
+  if (consumer_ != std::thread::id() || claim_depth_ > 0 || unread_ == 0) {
     return 0;
   }
   // Claimed before TakeWaiting unlocks: the consumer takes nothing after
@@ -36,7 +38,7 @@ int64_t DeviceQueue::TakeAsGuest(uint8_t* dst, int64_t capacity,
 
 void DeviceQueue::EndGuest() {
   std::lock_guard<std::mutex> lock(mu_);
-  if (!guest_ || direct_owner_ != std::this_thread::get_id()) return;
+  if (!guest_ || !HoldsClaim()) return;
   finished_ += guest_packets_;
   bytes_ -= guest_bytes_;
   guest_ = false;
@@ -47,7 +49,7 @@ void DeviceQueue::EndGuest() {
 
 bool DeviceQueue::ClaimIfIdle() {
   std::lock_guard<std::mutex> lock(mu_);
-  if (direct_depth_ > 0 && direct_owner_ != std::this_thread::get_id()) {
+  if (claim_depth_ > 0 && claim_owner_ != std::this_thread::get_id()) {
     return false;
   }
   // Finished counts lag until the consumer's next Take: a consumer between
@@ -59,7 +61,8 @@ bool DeviceQueue::ClaimIfIdle() {
 
 void DeviceQueue::EndClaim() {
   std::lock_guard<std::mutex> lock(mu_);
-  if (--direct_depth_ > 0) return;
+  if (!HoldsClaim()) return;
+  if (--claim_depth_ > 0) return;
   ReleaseClaim();
 }
 
@@ -70,18 +73,15 @@ bool DeviceQueue::ConsumingOnThisThread() {
 
 bool DeviceQueue::SuspendClaim() {
   std::lock_guard<std::mutex> lock(mu_);
-  if (direct_depth_ == 0 || direct_owner_ != std::this_thread::get_id() ||
-      !direct_busy_) {
-    return false;
-  }
-  direct_busy_ = false;
+  if (!claim_active_ || !HoldsClaim()) return false;
+  claim_active_ = false;
   not_empty_.notify_all();
   return true;
 }
 
 void DeviceQueue::ResumeClaim() {
   std::lock_guard<std::mutex> lock(mu_);
-  direct_busy_ = true;
+  claim_active_ = true;
 }
 
 }  // namespace hcb

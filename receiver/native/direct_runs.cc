@@ -32,10 +32,6 @@ bool DirectRuns::TryRun(DeviceQueue* queue, const DirectRequest& request,
   return false;
 }
 
-bool DirectRuns::IsConsumer(DeviceQueue* queue) {
-  return queue->ConsumingOnThisThread();
-}
-
 DirectRuns::Suspension::Suspension(DeviceQueue* queue)
     : queue_(queue), active_(queue->SuspendClaim()) {}
 

@@ -7,9 +7,10 @@
 // it (Suspension). Requests made on a device's consumer thread are served
 // there by the NestedConsumer.
 //
-// Device threads call TryRun and Suspension, the consumer's host functions
-// IsConsumer; the extension module sets the hooks with the GIL (atomics).
-// The claim is the DeviceQueue's (ClaimIfIdle, EndClaim, SuspendClaim).
+// Device threads call TryRun and Suspension; the extension module sets the
+// hooks with the GIL (atomics). The claim is the DeviceQueue's
+// (ClaimIfIdle, EndClaim, SuspendClaim, ResumeClaim), and so is whether a
+// thread is its consumer (ConsumingOnThisThread).
 
 #ifndef HOST_CALLBACK_RECEIVER_NATIVE_DIRECT_RUNS_H_
 #define HOST_CALLBACK_RECEIVER_NATIVE_DIRECT_RUNS_H_
@@ -82,9 +83,6 @@ class DirectRuns {
   // queue).
   bool TryRun(DeviceQueue* queue, const DirectRequest& request,
               Status* status);
-
-  // Whether the calling thread is the queue's consumer, inside a batch.
-  static bool IsConsumer(DeviceQueue* queue);
 
   // While a direct run's own thread waits for the consumer (a host function
   // that runs JAX code with a request on its device), the consumer may take.

@@ -92,7 +92,7 @@ Status Hub::Call(int64_t device_id, int64_t site, const Span* arrays,
                           &direct)) {
     return direct;
   }
-  if (DirectRuns::IsConsumer(queue)) {
+  if (queue->ConsumingOnThisThread()) {
     return CallOnConsumer(device_id, queue, site, arrays, num_arrays, outputs,
                           num_outputs);
   }

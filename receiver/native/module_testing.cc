@@ -1,10 +1,21 @@
-// The module's functions for tests only (tests/test_cuda_transport.py):
-// the CUDA stand-in, and a tap or a call made as the CUDA handlers make
-// them, with host memory for "device" memory and a stand-in stream.
+// The module's functions for tests only: the CUDA stand-in, and a tap or a
+// call made as the CUDA handlers make them, with host memory for "device"
+// memory and a stand-in stream (tests/test_cuda_transport.py); a queue's
+// pushes and claims as the device side makes them
+// (tests/test_queue_protocol.py, which reaches the consumer's and guests'
+// side through take, release, take_as_guest and end_guest); and the two
+// copies of a site's layout that register_site makes, the direct runner's
+// and the device threads' (tests/test_native_sites.py).
 
 #include "module_support.h"
 
+#define PY_ARRAY_UNIQUE_SYMBOL hcb_ARRAY_API
+#define NO_IMPORT_ARRAY
+#include "python_sites.h"
+
 #include <cstdint>
+#include <memory>
+#include <type_traits>
 #include <vector>
 
 #include "cuda_api.h"
@@ -61,12 +72,128 @@ PyObject* TestingCudaCall(PyObject*, PyObject* args) {
   });
 }
 
+// Pushes a packet of no arrays whose site is `tag`, as a tap.
+PyObject* TestingPush(PyObject*, PyObject* args) {
+  long long device_id, tag;
+  if (!PyArg_ParseTuple(args, "LL", &device_id, &tag)) return nullptr;
+  return CatchToPython([&] {
+    hcb::Status status;
+    WithoutGil([&] {
+      status = hub().Queue(device_id)->Push(tag, /*request_id=*/0, nullptr, 0);
+    });
+    return NoneOrRaise(status);
+  });
+}
+
+// One of the queue's claim calls, made on the calling thread without the
+// GIL: `call` returns bool or void.
+template <typename Call>
+PyObject* OnQueue(PyObject* arg, Call call) {
+  const long long device_id = PyLong_AsLongLong(arg);
+  if (PyErr_Occurred()) return nullptr;
+  return CatchToPython([&]() -> PyObject* {
+    hcb::DeviceQueue* queue = hub().Queue(device_id);
+    if constexpr (std::is_void_v<decltype(call(queue))>) {
+      WithoutGil([&] { call(queue); });
+      Py_RETURN_NONE;
+    } else {
+      bool result = false;
+      WithoutGil([&] { result = call(queue); });
+      return PyBool_FromLong(result);
+    }
+  });
+}
+
+PyObject* TestingClaimIfIdle(PyObject*, PyObject* arg) {
+  return OnQueue(arg, [](hcb::DeviceQueue* q) { return q->ClaimIfIdle(); });
+}
+PyObject* TestingEndClaim(PyObject*, PyObject* arg) {
+  return OnQueue(arg, [](hcb::DeviceQueue* q) { q->EndClaim(); });
+}
+PyObject* TestingSuspendClaim(PyObject*, PyObject* arg) {
+  return OnQueue(arg, [](hcb::DeviceQueue* q) { return q->SuspendClaim(); });
+}
+PyObject* TestingResumeClaim(PyObject*, PyObject* arg) {
+  return OnQueue(arg, [](hcb::DeviceQueue* q) { q->ResumeClaim(); });
+}
+PyObject* TestingConsumingOnThisThread(PyObject*, PyObject* arg) {
+  return OnQueue(arg, [](hcb::DeviceQueue* q) {
+    return q->ConsumingOnThisThread();
+  });
+}
+
+// The direct runner's copy of a site (python_sites.h): (dtypes, shapes,
+// byte sizes, unpackers, copy, pack_results), or None.
+PyObject* TestingRunnerSite(PyObject*, PyObject* arg) {
+  const long long site_id = PyLong_AsLongLong(arg);
+  if (PyErr_Occurred()) return nullptr;
+  std::shared_ptr<const Site> site = FindSite(site_id);
+  if (site == nullptr) Py_RETURN_NONE;
+  const Py_ssize_t count = static_cast<Py_ssize_t>(site->columns.size());
+  PyObject* dtypes = PyList_New(count);
+  PyObject* shapes = PyList_New(count);
+  PyObject* sizes = PyList_New(count);
+  PyObject* unpackers = PyList_New(count);
+  if (dtypes == nullptr || shapes == nullptr || sizes == nullptr ||
+      unpackers == nullptr) {
+    Py_XDECREF(dtypes);
+    Py_XDECREF(shapes);
+    Py_XDECREF(sizes);
+    Py_XDECREF(unpackers);
+    return nullptr;
+  }
+  for (Py_ssize_t i = 0; i < count; ++i) {
+    const Column& column = site->columns[static_cast<size_t>(i)];
+    PyObject* shape = PyTuple_New(static_cast<Py_ssize_t>(column.dims.size()));
+    for (size_t d = 0; shape != nullptr && d < column.dims.size(); ++d) {
+      PyTuple_SetItem(shape, static_cast<Py_ssize_t>(d),
+                      PyLong_FromLongLong(column.dims[d]));
+    }
+    PyObject* unpack = column.unpack != nullptr ? column.unpack : Py_None;
+    Py_INCREF(reinterpret_cast<PyObject*>(column.descr));
+    Py_INCREF(unpack);
+    PyList_SetItem(dtypes, i, reinterpret_cast<PyObject*>(column.descr));
+    PyList_SetItem(shapes, i, shape);
+    PyList_SetItem(sizes, i, PyLong_FromLongLong(column.nbytes));
+    PyList_SetItem(unpackers, i, unpack);
+  }
+  return Py_BuildValue("(NNNNOO)", dtypes, shapes, sizes, unpackers,
+                       site->copy ? Py_True : Py_False,
+                       site->pack_results ? Py_True : Py_False);
+}
+
+// Whether the device threads' copy of a site (site_sizes.h) accepts arrays
+// of these byte sizes: None, else raises with SiteSizes::Check's error.
+PyObject* TestingCheckSiteSizes(PyObject*, PyObject* args) {
+  long long site_id;
+  PyObject* sizes_list;
+  if (!PyArg_ParseTuple(args, "LO", &site_id, &sizes_list)) return nullptr;
+  std::vector<int64_t> sizes;
+  if (!Int64s(sizes_list, &sizes)) return nullptr;
+  std::vector<hcb::Span> spans;
+  for (int64_t size : sizes) spans.push_back({nullptr, size});
+  return CatchToPython([&] {
+    return NoneOrRaise(
+        hub().sites().Check(site_id, spans.data(), spans.size()));
+  });
+}
+
 }  // namespace
 
 PyMethodDef kTestingMethods[] = {
     {"_testing_cuda_standin", TestingCudaStandIn, METH_VARARGS, nullptr},
     {"_testing_cuda_tap", TestingCudaTap, METH_VARARGS, nullptr},
     {"_testing_cuda_call", TestingCudaCall, METH_VARARGS, nullptr},
+    {"_testing_push", TestingPush, METH_VARARGS, nullptr},
+    {"_testing_claim_if_idle", TestingClaimIfIdle, METH_O, nullptr},
+    {"_testing_end_claim", TestingEndClaim, METH_O, nullptr},
+    {"_testing_suspend_claim", TestingSuspendClaim, METH_O, nullptr},
+    {"_testing_resume_claim", TestingResumeClaim, METH_O, nullptr},
+    {"_testing_consuming_on_this_thread", TestingConsumingOnThisThread,
+     METH_O, nullptr},
+    {"_testing_runner_site", TestingRunnerSite, METH_O, nullptr},
+    {"_testing_check_site_sizes", TestingCheckSiteSizes, METH_VARARGS,
+     nullptr},
     {nullptr, nullptr, 0, nullptr},
 };
 

@@ -5,8 +5,10 @@
 // (receiver/native_sites.py:register_site) beside the site's array sizes
 // (site_sizes.h); read by the direct runner (python_runner.cc).
 //
-// The table is Python's: it is read and written with the GIL held, which
-// guards it. A run holds its site by shared_ptr: the host function may
+// A copy of the site table that receiver/native_sites.py owns (it lays the
+// arrays out), written beside SiteSizes by the same module call;
+// tests/test_native_sites.py checks it against the owner. It is read and
+// written with the GIL held, which guards it. A run holds its site by shared_ptr: the host function may
 // register or free sites (it may compile JAX code) while it runs.
 
 #ifndef HOST_CALLBACK_RECEIVER_NATIVE_PYTHON_SITES_H_

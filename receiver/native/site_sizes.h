@@ -1,7 +1,9 @@
 // The byte size of each array that a callback site's packets carry, as
-// register_site gave them (receiver/native_sites.py), so that a device whose
-// arrays XLA laid out otherwise fails instead of sending what the decoder
-// would misread.
+// register_site gave them, so that a device whose arrays XLA laid out
+// otherwise fails instead of sending what the decoder would misread. A copy
+// of the site table that receiver/native_sites.py owns (it lays the arrays
+// out), which only the module's register_site and unregister_site write;
+// tests/test_native_sites.py checks it against the owner.
 //
 // The extension module registers and forgets sites with the GIL; device
 // threads check their arrays (the FFI handlers, ffi_common.h:SiteArgs).
