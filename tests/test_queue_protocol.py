@@ -20,7 +20,7 @@ from typing import Any, Callable, Dict, Iterator, List, Optional
 import numpy as np
 import pytest
 
-from host_callback import host_side
+from host_callback.host import host_side
 from host_callback.receiver.native_library import native
 from host_callback.receiver.packets import Packet
 from host_callback.receiver.queues import PacketQueue
