@@ -80,6 +80,9 @@ class _HostSide:
   sink: Sink
   spec: Optional[PrimitiveTap] = None
 
+  def __repr__(self) -> str:  # what a printed jaxpr shows
+    return f"<host_callback.loops tap of {self.path} ({self.kind})>"
+
   def __call__(self, arg: tuple, transforms: tuple) -> None:
     batches = [params["batch_dims"] for name, params in transforms
                if name == "batch"]

@@ -109,6 +109,8 @@ def uninstall() -> None:
   functions meanwhile (then it warns, and leaves them)."""
   global _interceptor
   with _lock:
+    if _interceptor is None:
+      return
     _interceptor = None
     for name, patch in _PATCHES.items():
       if getattr(jax.lax, name) is patch:

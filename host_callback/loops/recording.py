@@ -61,8 +61,8 @@ class _Block:
   def __enter__(self) -> FlightRecorder:
     if self._entered:
       raise RuntimeError(
-          "host_callback.loops.record: this block is already open; make a "
-          "new record() for each with statement")
+          "host_callback.loops.record: a block is not re-entrant: this one "
+          "is already open; make a new record() for each with statement")
     self._entered = True
     recorder = FlightRecorder()
     on_step, alert, alert_once, on_ys, alert_ys, alert_ys_once = (
@@ -78,6 +78,9 @@ class _Block:
     return recorder
 
   def __exit__(self, *exc_info: Any) -> None:
+    if not self._entered:
+      return  # never entered, or already closed
+    self._entered = False
     try:
       if exc_info[0] is None:
         api.barrier_wait()  # the outfeed mode: deliver what ran in the block
