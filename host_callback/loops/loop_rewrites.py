@@ -7,15 +7,13 @@ never see the counter."""
 from __future__ import annotations
 
 import dataclasses
-from typing import TYPE_CHECKING, Any, List, Optional, Sequence
+from typing import Any, List, Optional, Protocol, Sequence
 
 import jax
 import jax.numpy as jnp
 
 from . import patching
-
-if TYPE_CHECKING:
-  from .walker import Walker
+from .emission import Emitter
 
 @dataclasses.dataclass(frozen=True)
 class Loop:
@@ -24,6 +22,14 @@ class Loop:
   step: Any
   total: Optional[int] = None
   inside: bool = False
+
+
+class Walker(Protocol):
+  """What a rebuilt loop needs of the walker (`walker.Walker`)."""
+  emitter: Emitter
+
+  def eval(self, jaxpr: Any, consts: Sequence[Any], args: Sequence[Any],
+           path: str, loop: Loop) -> List[Any]: ...
 
 
 # The parameters of a scan equation that `lax.scan` takes as arguments.
@@ -39,7 +45,7 @@ def _scan_groups(params: dict) -> tuple[int, int]:
   return len(consts), len(carry)
 
 
-def scan(walker: "Walker", eqn: Any, values: Sequence[Any], here: str,
+def scan(walker: Walker, eqn: Any, values: Sequence[Any], here: str,
          taps_carry: bool) -> List[Any]:
   params = eqn.params
   body, total = params["jaxpr"], params["length"]
@@ -70,7 +76,7 @@ def while_is_batched(eqn: Any) -> bool:
   return bool(outvars) and outvars[0].aval.ndim > 0
 
 
-def while_loop(walker: "Walker", eqn: Any, values: Sequence[Any], here: str,
+def while_loop(walker: Walker, eqn: Any, values: Sequence[Any], here: str,
                taps_carry: bool) -> List[Any]:
   params = eqn.params
   cond, body = params["cond_jaxpr"], params["body_jaxpr"]
