@@ -185,7 +185,7 @@ def record(f: Optional[Callable[..., Any]] = None, *,
            alert: Optional[Callable[[TapEvent], Any]] = None,
            alert_once: bool = False
            ) -> Union[Tuple[Callable[..., Any], FlightRecorder], _Block]:
-  """Records the events of unmodified code in a `FlightRecorder`.
+  """Records the events of unmodified code in a `FlightRecorder`::
 
       with record(select=lambda leaves: leaves[0]) as rec:
         result = run(x)        # any code; its loops report
