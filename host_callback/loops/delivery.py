@@ -1,0 +1,155 @@
+"""The host side of a tap: an event goes to the observers (`on_step`,
+`on_ys`, alerts) without ever raising into the program. A callback that
+raises warns once and is skipped for that event."""
+
+from __future__ import annotations
+
+import dataclasses
+import sys
+import warnings
+from typing import Any, Callable, Optional, Set
+
+import numpy as np
+
+from .events import TapEvent
+from .primitive_taps import PrimitiveTap
+
+Observer = Callable[[TapEvent], Any]
+
+# ids of the callbacks (on_step, on_ys) and alert predicates that raised and
+# warned: each warns once per process.
+_warned: Set[int] = set()
+_alert_warned: Set[int] = set()
+
+
+def _warn_once(seen: Set[int], function: Any, what: str,
+               error: Exception) -> None:
+  if id(function) in seen:
+    return
+  seen.add(id(function))
+  try:  # under `python -W error` the warning itself raises
+    warnings.warn(
+        f"host_callback.loops: {what} raised {type(error).__name__}: {error}. "
+        "The program goes on unchanged; this callback's further errors are "
+        "not reported.", UserWarning, stacklevel=2)
+  except Exception:  # noqa: BLE001
+    pass
+
+
+def guarded(callback: Observer, event: TapEvent) -> None:
+  """`callback(event)`; an exception warns once per callback."""
+  try:
+    callback(event)
+  except Exception as error:  # noqa: BLE001
+    _warn_once(_warned, callback, "on_step callback", error)
+
+
+def _write(line: str) -> None:
+  try:
+    sys.stderr.write(line + "\n")
+  except Exception:  # noqa: BLE001
+    pass
+
+
+def _total(event: TapEvent) -> str:
+  return "?" if event.total is None else str(event.total)
+
+
+def format_value(value: Any) -> str:
+  """A value on one line, arrays shortened as NumPy prints them."""
+  try:
+    with np.printoptions(precision=4, threshold=8, edgeitems=2):
+      text = repr(np.asarray(value))
+  except Exception:  # noqa: BLE001
+    text = repr(value)
+  return " ".join(text.split())
+
+
+def _alerting(predicate: Callable[[Any], Any], argument: Any,
+              what: str) -> Any:
+  """`predicate(argument)`, or False (after warning once) if it raised."""
+  try:
+    return predicate(argument)
+  except Exception as error:  # noqa: BLE001
+    _warn_once(_alert_warned, predicate, what, error)
+    return False
+
+
+@dataclasses.dataclass
+class Alert:
+  """A carry or output alert: `predicate(event)`; a str result is the
+  message. With `once`, a path alerts at most once (per `verbose` call or
+  `record` block)."""
+  predicate: Callable[[TapEvent], Any]
+  once: bool = False
+  fired: Set[str] = dataclasses.field(default_factory=set)
+
+  def __call__(self, event: TapEvent) -> None:
+    result = _alerting(self.predicate, event, "alert")
+    if not result:
+      return
+    if self.once:
+      if event.path in self.fired:
+        return
+      self.fired.add(event.path)
+    message = result if isinstance(result, str) else "alert"
+    _write(f"[tap] FAIL {event.path} {event.step}/{_total(event)}: "
+           f"{message}")
+
+
+def fire_spec(spec: PrimitiveTap, event: TapEvent, fired: Set[int]) -> None:
+  """A primitive tap's alert (or print) line for `event`; `fired` holds the
+  ids of the `once` specs that already wrote theirs."""
+  if spec.alert is None or not _alerting(spec.alert, event.value,
+                                         "alert predicate"):
+    return
+  if spec.once:
+    if id(spec) in fired:
+      return
+    fired.add(id(spec))
+  where = f"{event.path} {event.step}/{_total(event)}"
+  if spec._printer:  # pylint: disable=protected-access
+    _write(f"[tap] {where}: {format_value(event.value)}")
+  else:
+    _write(f"[tap] FAIL {where}: {spec.label or spec.prim_name}")
+
+
+@dataclasses.dataclass
+class Observers:
+  """Who hears a `verbose` call's (or a `record` block's) events: alerts
+  first, then the callbacks, each guarded."""
+  on_step: Optional[Observer] = None
+  alert: Optional[Alert] = None
+  on_ys: Optional[Observer] = None
+  alert_ys: Optional[Alert] = None
+  fired_specs: Set[int] = dataclasses.field(default_factory=set)
+
+  @classmethod
+  def of(cls, on_step: Optional[Observer],
+         alert: Optional[Callable[[TapEvent], Any]], alert_once: bool,
+         on_ys: Optional[Observer],
+         alert_ys: Optional[Callable[[TapEvent], Any]],
+         alert_ys_once: bool) -> "Observers":
+    """From `verbose`'s arguments of the same names."""
+    return cls(on_step, Alert(alert, alert_once) if alert else None,
+               on_ys, Alert(alert_ys, alert_ys_once) if alert_ys else None)
+
+  def wants(self, kind: str) -> bool:
+    """Whether events of `kind` have anyone to go to (else no tap is made)."""
+    if kind == "output":
+      return self.on_ys is not None or self.alert_ys is not None
+    return self.on_step is not None or self.alert is not None
+
+  def deliver(self, event: TapEvent) -> None:
+    output = event.kind == "output"
+    alert = self.alert_ys if output else self.alert
+    callback = self.on_ys if output else self.on_step
+    if alert is not None:
+      alert(event)
+    if callback is not None:
+      guarded(callback, event)
+
+  def deliver_primitive(self, event: TapEvent, spec: PrimitiveTap) -> None:
+    if self.on_step is not None:
+      guarded(self.on_step, event)
+    fire_spec(spec, event, self.fired_specs)

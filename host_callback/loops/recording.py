@@ -1,0 +1,226 @@
+"""`record`: events of unmodified code into a `FlightRecorder`, around a
+block (`with record(...) as rec:`) or a function (`g, rec = record(f)`).
+
+In a block, the outermost `lax.scan`/`lax.while_loop` calls are
+instrumented as `verbose` would (see `patching`); the numbers of the
+block's top-level loops go on from one call to the next (`scan[0]`,
+`while[1]`, ...). Where a compiled function's taps report is decided when
+they run: to the open block (with several open, the innermost one of the
+thread the event comes from, else the block that traced it); after the
+blocks close, nowhere.
+"""
+
+from __future__ import annotations
+
+import itertools
+import threading
+import weakref
+from typing import Any, Callable, List, Optional, Sequence, Tuple, Union
+
+from .. import api
+from . import patching
+from .collectors import FlightRecorder
+from .delivery import Observer, Observers, guarded
+from .events import TapEvent
+from .primitive_taps import PrimitiveTap
+from .verbose import check_options, filters, instrumented
+
+_open: List["weakref.ref[_Block]"] = []  # the open blocks, innermost last
+_open_lock = threading.Lock()
+
+
+def _both(first: Observer, second: Optional[Observer]) -> Observer:
+  if second is None:
+    return first
+
+  def both(event: TapEvent) -> None:
+    guarded(first, event)
+    guarded(second, event)
+  return both
+
+
+class _Block:
+  """A `with record(...)` block: its options, its recorder, its
+  observers."""
+
+  def __init__(self, *, on_step: Optional[Observer],
+               alert: Optional[Callable[[TapEvent], Any]], alert_once: bool,
+               on_ys: Optional[Observer],
+               alert_ys: Optional[Callable[[TapEvent], Any]],
+               alert_ys_once: bool, **options: Any) -> None:
+    self._callbacks = (on_step, alert, alert_once, on_ys, alert_ys,
+                       alert_ys_once)
+    self._options = options
+    self._wants_ys = bool(on_ys or alert_ys or options["select_ys"])
+    self.observers: Optional[Observers] = None
+    self.max_depth: Optional[int] = options["max_depth"]
+    self.owner: Optional[int] = None
+    self._numbers = itertools.count()
+    self._entered = False
+
+  def __enter__(self) -> FlightRecorder:
+    if self._entered:
+      raise RuntimeError(
+          "host_callback.loops.record: a block is not re-entrant: this one "
+          "is already open; make a new record() for each with statement")
+    self._entered = True
+    recorder = FlightRecorder()
+    on_step, alert, alert_once, on_ys, alert_ys, alert_ys_once = (
+        self._callbacks)
+    self.observers = Observers.of(
+        _both(recorder, on_step), alert, alert_once,
+        _both(recorder, on_ys) if self._wants_ys else None, alert_ys,
+        alert_ys_once)
+    self.owner = threading.get_ident()
+    with _open_lock:
+      _open.append(weakref.ref(self, _forget))
+      patching.install(_intercept)
+    return recorder
+
+  def __exit__(self, *exc_info: Any) -> None:
+    if not self._entered:
+      return  # never entered, or already closed
+    self._entered = False
+    try:
+      if exc_info[0] is None:
+        api.barrier_wait()  # the outfeed mode: deliver what ran in the block
+    finally:
+      with _open_lock:
+        _open[:] = [r for r in _open if r() not in (self, None)]
+        if not _open:
+          patching.uninstall()
+
+  def wants(self, kind: str) -> bool:
+    return kind != "output" or self._wants_ys
+
+  def instrument(self, run: Callable[..., Any]) -> Callable[..., Any]:
+    o = self._options
+    return instrumented(
+        run, _Router(self), select=o["select"], select_ys=o["select_ys"],
+        sample_every=o["sample_every"],
+        loop_filters=filters(o["ops"], o["where"], o["max_depth"]),
+        taps=o["taps"], first_index=next(self._numbers))
+
+
+def _forget(ref: "weakref.ref[_Block]") -> None:
+  """A block dropped without closing: no longer open."""
+  with _open_lock:
+    if ref in _open:
+      _open.remove(ref)
+      if not _open:
+        patching.uninstall()
+
+
+def _blocks() -> List[_Block]:
+  return [b for b in (r() for r in list(_open)) if b is not None]
+
+
+def _receiver(traced_by: _Block) -> Optional[_Block]:
+  """The open block an event goes to, when it is delivered."""
+  blocks = _blocks()
+  if len(blocks) <= 1:
+    return blocks[0] if blocks else None
+  here = threading.get_ident()
+  owned = [b for b in blocks if b.owner == here]
+  if owned:
+    return owned[-1]
+  return traced_by if traced_by in blocks else None
+
+
+class _Router:
+  """The sink of a block's taps: each event goes to the block open when it
+  is delivered (see `_receiver`)."""
+
+  def __init__(self, traced_by: _Block):
+    self._traced_by = traced_by
+
+  def wants(self, kind: str) -> bool:
+    return self._traced_by.wants(kind)
+
+  def _observers(self, event: TapEvent) -> Optional[Observers]:
+    block = _receiver(self._traced_by)
+    if block is None or block.observers is None:
+      return None
+    if (block.max_depth is not None
+        and event.path.count("/") > block.max_depth
+        and event.path.rsplit("/", 1)[-1].startswith(("scan[", "while["))):
+      return None
+    return block.observers
+
+  def deliver(self, event: TapEvent) -> None:
+    observers = self._observers(event)
+    if observers is not None:
+      observers.deliver(event)
+
+  def deliver_primitive(self, event: TapEvent, spec: PrimitiveTap) -> None:
+    observers = self._observers(event)
+    if observers is not None:
+      observers.deliver_primitive(event, spec)
+
+
+def _intercept(run: Callable[..., Any], *operands: Any) -> Any:
+  """A loop called in a block: instrumented for the block of this thread
+  (the only one open, or this thread's innermost)."""
+  blocks = _blocks()
+  here = threading.get_ident()
+  owned = [b for b in blocks if b.owner == here]
+  block = owned[-1] if owned else (blocks[0] if len(blocks) == 1 else None)
+  if block is None:
+    return run(*operands)
+  return block.instrument(run)(*operands)
+
+
+def record(f: Optional[Callable[..., Any]] = None, *,
+           select: Optional[Callable[..., Any]] = None,
+           on_ys: Optional[Observer] = None,
+           select_ys: Optional[Callable[..., Any]] = None,
+           alert_ys: Optional[Callable[[TapEvent], Any]] = None,
+           alert_ys_once: bool = False,
+           ops: Sequence[str] = ("scan", "while_loop"),
+           sample_every: int = 1,
+           where: Optional[Callable[[str], bool]] = None,
+           max_depth: Optional[int] = None,
+           taps: Sequence[PrimitiveTap] = (),
+           on_step: Optional[Observer] = None,
+           alert: Optional[Callable[[TapEvent], Any]] = None,
+           alert_once: bool = False
+           ) -> Union[Tuple[Callable[..., Any], FlightRecorder], _Block]:
+  """Records the events of unmodified code in a `FlightRecorder`::
+
+      with record(select=lambda leaves: leaves[0]) as rec:
+        result = run(x)        # any code; its loops report
+      rec.events               # [TapEvent(path='scan[0]', step=0, ...), ...]
+
+      g, rec = record(f)       # or: around a function, as `verbose`
+
+  The options are `verbose`'s; `on_step` (and `on_ys`) hear every event as
+  well as the recorder. In a block, only loops traced in it report: a
+  function compiled before the block (a `jax.jit` cache hit) has no taps,
+  and one compiled in a block keeps that block's `select`. The block waits
+  for the taps of what ran in it (`barrier_wait`) when it closes.
+  """
+  check_options(sample_every, select_ys, ops)
+  if f is None:
+    return _Block(select=select, on_ys=on_ys, select_ys=select_ys,
+                  alert_ys=alert_ys, alert_ys_once=alert_ys_once, ops=ops,
+                  sample_every=sample_every, where=where,
+                  max_depth=max_depth, taps=tuple(taps), on_step=on_step,
+                  alert=alert, alert_once=alert_once)
+  recorder = FlightRecorder()
+  wants_ys = bool(on_ys or select_ys or alert_ys)
+  sink = Observers.of(_both(recorder, on_step), alert, alert_once,
+                      _both(recorder, on_ys) if wants_ys else None, alert_ys,
+                      alert_ys_once)
+  return instrumented(f, sink, select=select, select_ys=select_ys,
+                      sample_every=sample_every,
+                      loop_filters=filters(ops, where, max_depth),
+                      taps=taps), recorder
+
+
+def emergency_restore() -> None:
+  """Closes every `record` block and puts `jax.lax.scan` and
+  `jax.lax.while_loop` back, e.g. after an interrupted session left a block
+  open."""
+  with _open_lock:
+    _open.clear()
+    patching.uninstall()

@@ -1,0 +1,203 @@
+"""host_callback.loops, jax-tap's loop telemetry on id_tap: the exact events
+of nested loops, sampling, selection, the program's values unchanged under
+jit, vmap and grad, order with the program's own taps, callbacks that
+raise, primitive taps, scan outputs and the collectors."""
+
+import json
+import warnings
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+import pytest
+
+import host_callback as hcb
+import host_callback.loops as tap
+from host_callback.loops import collectors
+
+
+def nested(x0, xs):
+  """A scan whose body runs a while_loop of two steps, then a scan of 2."""
+  def body(c, x):
+    _, w = jax.lax.while_loop(lambda s: s[0] < 2,
+                              lambda s: (s[0] + 1, s[1] + 1.0), (0, c))
+    inner, _ = jax.lax.scan(lambda a, _: (a * 2.0, None), w, None, length=2)
+    return inner + x, c
+  return jax.lax.scan(body, x0, xs)
+
+
+XS = jnp.arange(3.0)
+
+
+def summary(events):
+  return [(e.path, e.step, e.total, e.kind,
+           jax.tree_util.tree_map(lambda v: np.asarray(v).tolist(), e.value))
+          for e in events]
+
+
+def same_bits(a, b):
+  la, lb = jax.tree_util.tree_leaves(a), jax.tree_util.tree_leaves(b)
+  return len(la) == len(lb) and all(
+      np.asarray(x).tobytes() == np.asarray(y).tobytes()
+      for x, y in zip(la, lb))
+
+
+@pytest.mark.usefixtures("both_modes")
+def test_record_block_reports_each_step_with_its_address():
+  with tap.record(select=lambda leaves: leaves[-1]) as rec:
+    out = nested(jnp.float32(0.0), XS[:2])
+  assert same_bits(out, nested(jnp.float32(0.0), XS[:2]))
+  assert summary(rec.events) == [
+      ("scan[0]/while[0]", 0, None, "carry", 1.0),
+      ("scan[0]/while[0]", 1, None, "carry", 2.0),
+      ("scan[0]/scan[1]", 0, 2, "carry", 4.0),
+      ("scan[0]/scan[1]", 1, 2, "carry", 8.0),
+      ("scan[0]", 0, 2, "carry", 8.0),
+      ("scan[0]/while[0]", 0, None, "carry", 9.0),
+      ("scan[0]/while[0]", 1, None, "carry", 10.0),
+      ("scan[0]/scan[1]", 0, 2, "carry", 20.0),
+      ("scan[0]/scan[1]", 1, 2, "carry", 40.0),
+      ("scan[0]", 1, 2, "carry", 41.0),
+  ]
+
+
+def test_block_numbers_its_top_level_loops_in_turn_and_restores_lax():
+  scan, while_loop = jax.lax.scan, jax.lax.while_loop
+  with tap.record(select=lambda _: ()) as rec:
+    jax.lax.scan(lambda c, _: (c, None), 0, None, length=1)
+    jax.lax.while_loop(lambda c: c < 1, lambda c: c + 1, 0)
+  assert [(e.path, e.step) for e in rec.events] == [("scan[0]", 0),
+                                                    ("while[1]", 0)]
+  assert jax.lax.scan is scan and jax.lax.while_loop is while_loop
+  assert tap.original_scan is scan
+
+
+@pytest.mark.usefixtures("both_modes")
+def test_verbose_samples_every_kth_step_and_keeps_the_selection_s_tree():
+  events = []
+  g = tap.verbose(nested, on_step=events.append, sample_every=2,
+                  where=lambda path: path == "scan[0]",
+                  select=lambda leaves, path: {"c": leaves[0], "at": 1})
+  out = jax.jit(g)(jnp.float32(0.0), XS)
+  hcb.barrier_wait()
+  assert same_bits(out, nested(jnp.float32(0.0), XS))
+  assert summary(events) == [("scan[0]", 0, 3, "carry", {"at": 1, "c": 8.0}),
+                             ("scan[0]", 2, 3, "carry",
+                              {"at": 1, "c": 174.0})]
+
+
+@pytest.mark.usefixtures("both_modes")
+def test_events_come_in_the_program_s_order_with_its_own_taps():
+  seen = []
+
+  def f(x):
+    def body(c, _):
+      c = hcb.id_tap(lambda v, _: seen.append(("body", int(v))), c + 1)
+      return c, None
+    return jax.lax.scan(body, x, None, length=2)[0]
+
+  g = tap.verbose(f, on_step=lambda e: seen.append((e.path, e.step)),
+                  select=lambda _: ())
+  jax.jit(g)(0)
+  hcb.barrier_wait()
+  assert seen == [("body", 1), ("scan[0]", 0), ("body", 2), ("scan[0]", 1)]
+
+
+def test_values_and_gradients_are_the_program_s():
+  def f(x):
+    def body(c, x):
+      return jnp.sin(c) * x + c, c * x
+    return jax.lax.scan(body, x, jnp.linspace(0.5, 1.5, 4))
+
+  g = tap.verbose(f, on_step=lambda e: None, on_ys=lambda e: None)
+  x = jnp.float32(0.3)
+  loss = lambda h: lambda x: h(x)[0] + h(x)[1].sum()  # noqa: E731
+  for transform in (jax.jit, jax.grad, lambda h: jax.grad(jax.grad(h)),
+                    lambda h: jax.jit(jax.grad(h))):
+    assert same_bits(transform(loss(g))(x), transform(loss(f))(x))
+  xs = jnp.linspace(0.1, 0.9, 3)
+  assert same_bits(jax.vmap(g)(xs), jax.vmap(f)(xs))
+  assert same_bits(jax.checkpoint(loss(g))(x), jax.checkpoint(loss(f))(x))
+
+
+def test_vmap_gives_each_lane_its_events_and_drops_ended_while_lanes():
+  events = []
+
+  def count_to(n):
+    return jax.lax.while_loop(lambda s: s[0] < n,
+                              lambda s: (s[0] + 1, s[1] * 2.0), (0, 1.0))
+
+  jax.vmap(tap.verbose(count_to, on_step=events.append,
+                       select=lambda leaves: leaves[1]))(jnp.array([1, 3]))
+  assert summary(events) == [("while[0]", 0, None, "carry", 2.0),
+                             ("while[0]", 0, None, "carry", 2.0),
+                             ("while[0]", 1, None, "carry", 4.0),
+                             ("while[0]", 2, None, "carry", 8.0)]
+
+
+def test_a_raising_callback_warns_once_and_changes_nothing():
+  def bad(event):
+    raise ValueError("broken")
+
+  f = lambda x: jax.lax.scan(lambda c, _: (c + 1, None), x, None, length=3)  # noqa: E731
+  with pytest.warns(UserWarning, match="on_step callback raised ValueError"):
+    out = tap.verbose(f, on_step=bad, alert=lambda e: 1 / 0)(0)
+  assert int(out[0]) == 3
+  with warnings.catch_warnings():
+    warnings.simplefilter("error")
+    tap.verbose(f, on_step=bad)(0)  # warned already: silent
+
+
+def test_primitive_taps_watch_nan_print_and_alerts(capfd):
+  def f(x):
+    def body(c, _):
+      return jnp.log(c) + 0.0 * c, c
+    return jax.lax.scan(body, x, None, length=3)
+
+  with tap.record(taps=[tap.watch_nan("log", once=True),
+                        tap.print("log", select=lambda out: out[0])],
+                  alert=lambda e: "below zero" if e.value[0] < 0 else False,
+                  where=lambda p: False) as rec:
+    f(jnp.float32(2.0))
+  assert [(e.path, e.step) for e in rec.events] == [
+      ("scan[0]/log[0]", s) for s in (0, 0, 1, 1, 2, 2)]
+  assert capfd.readouterr().err.splitlines() == [
+      "[tap] scan[0]/log[0] 0/3: array(0.6931, dtype=float32)",
+      "[tap] scan[0]/log[0] 1/3: array(-0.3665, dtype=float32)",
+      "[tap] FAIL scan[0]/log[0] 2/3: NaN/Inf",
+      "[tap] scan[0]/log[0] 2/3: array(nan, dtype=float32)",
+  ]
+
+
+def test_outputs_of_a_scan_go_to_on_ys():
+  outputs = []
+  with tap.record(select_ys=lambda ys: ys[0] * 10, on_ys=outputs.append,
+                  alert_ys=lambda e: e.step == 1, alert_ys_once=True) as rec:
+    jax.lax.scan(lambda c, x: (c + x, c), 0.0, jnp.arange(3.0))
+  assert summary(outputs) == [("scan[0]", s, 3, "output", v)
+                              for s, v in ((0, 0.0), (1, 0.0), (2, 10.0))]
+  assert [e.kind for e in rec.events] == ["carry", "output"] * 3
+
+
+def test_primitives_counts_every_level():
+  counts = tap.primitives(nested, jnp.float32(0.0), XS)
+  assert counts["scan"] == 2 and counts["while"] == 1 and counts["mul"] == 1
+
+
+def test_collectors_write_read_and_tabulate(tmp_path):
+  pd = pytest.importorskip("pandas")
+  path = tmp_path / "events.jsonl"
+  g, rec = tap.record(lambda x: jax.lax.scan(
+      lambda c, _: (c + 1.0, None), x, None, length=2))
+  with collectors.JSONLWriter(path) as writer:
+    tap.verbose(lambda x: jax.lax.scan(
+        lambda c, _: ((c[0] + 1.0, c[1] * 2), None), x, None, length=2),
+        on_step=writer)((0.0, 5))
+    g(0.0)
+  assert [json.loads(line)["value"] for line in path.read_text().splitlines()
+          ] == [[1.0, 10], [2.0, 20]]
+  assert summary(tap.read_jsonl(path)) == [
+      ("scan[0]", 0, None, "carry", (1.0, 10)),
+      ("scan[0]", 1, None, "carry", (2.0, 20))]
+  pd.testing.assert_frame_equal(rec.df(), pd.DataFrame(
+      {"path": ["scan[0]"] * 2, "step": [0, 1], "value": [1.0, 2.0]}))
