@@ -189,6 +189,35 @@ PyObject* Arguments(const Site& site, const DirectRequest& request,
   return args;
 }
 
+// A copy=False site's call is lent the device's result buffers: a tuple of
+// writable uint8 arrays over them, which its consumer may fill in place
+// (buffers=True with out=), then returning None. `views` gets a reference
+// to each, to check after the run. Not for packed sub-byte results, which
+// NumPy cannot view.
+bool LendsOutputs(const Site& site, const DirectRequest& request) {
+  return !site.copy && !site.pack_results && request.num_outputs > 0;
+}
+
+PyObject* Outputs(const DirectRequest& request, std::vector<PyObject*>* views) {
+  const size_t count = request.num_outputs;
+  PyObject* outputs = PyTuple_New(static_cast<Py_ssize_t>(count));
+  if (outputs == nullptr) return nullptr;
+  for (size_t i = 0; i < count; ++i) {
+    npy_intp bytes = static_cast<npy_intp>(request.outputs[i].bytes);
+    PyObject* view = PyArray_New(&PyArray_Type, 1, &bytes, NPY_UINT8, nullptr,
+                                 request.outputs[i].data, 0, NPY_ARRAY_CARRAY,
+                                 nullptr);
+    if (view == nullptr) {
+      Py_DECREF(outputs);
+      return nullptr;
+    }
+    Py_INCREF(view);
+    views->push_back(view);
+    PyTuple_SetItem(outputs, static_cast<Py_ssize_t>(i), view);
+  }
+  return outputs;
+}
+
 // Writes the results into the device's buffers; false with `error` set when
 // they do not fit.
 bool WriteResults(const Site& site, PyObject* results,
@@ -278,11 +307,20 @@ void CheckViews(std::vector<PyObject*>* views, bool* kept) {
   views->clear();
 }
 
-std::string KeptMessage(const Site& site) {
+// What a run fails with when its host function kept what it was lent: an
+// argument's view (`output` false) or an output buffer.
+std::string KeptMessage(const Site& site, bool output) {
   const char* name = site.name != nullptr ? Utf8(site.name) : "";
   if (name == nullptr) {
     PyErr_Clear();
     name = "";
+  }
+  if (output) {
+    return std::string("host_callback: the host function ") + name +
+           " kept a buffer of out= it got with buffers=True (a view of the "
+           "device's result buffer, valid only until the function returns), "
+           "so its computation fails. Keep a copy instead, e.g. "
+           "np.array(out)";
   }
   return std::string("host_callback: the host function ") + name +
          " kept an argument it got with copy=False (a read-only view of the "
@@ -303,11 +341,16 @@ DirectOutcome RunWithGil(const DirectRequest& request, std::string* error) {
   }
   // A Ctrl-C that arrived while the device ran belongs to this computation.
   if (PyErr_CheckSignals() < 0) return TakeException(error);
-  std::vector<PyObject*> views;
+  std::vector<PyObject*> views, output_views;
   PyObject* args = Arguments(*site, request, &views);
-  if (args == nullptr) {
+  PyObject* outputs = args != nullptr && LendsOutputs(*site, request)
+                          ? Outputs(request, &output_views)
+                          : nullptr;
+  if (args == nullptr || (outputs == nullptr && LendsOutputs(*site, request))) {
+    Py_XDECREF(args);
     bool kept;
     CheckViews(&views, &kept);
+    CheckViews(&output_views, &kept);
     return TakeException(error);
   }
   PyObject* device_id = PyLong_FromLongLong(request.device_id);
@@ -315,24 +358,28 @@ DirectOutcome RunWithGil(const DirectRequest& request, std::string* error) {
       device_id == nullptr
           ? nullptr
           : PyObject_CallFunctionObjArgs(runner, site->entry, device_id, args,
-                                         nullptr);
+                                         outputs, nullptr);  // may end early
   Py_XDECREF(device_id);
   Py_DECREF(args);
+  Py_XDECREF(outputs);
   DirectOutcome outcome = DirectOutcome::kDone;
   if (results == nullptr) {
     outcome = TakeException(error);  // drops the traceback, and its frames
   } else {
-    // A tap's results (none) are not looked at.
-    if (request.num_outputs > 0 &&
+    // A tap's results (none) are not looked at, nor those of a consumer that
+    // filled the lent outputs in place (None).
+    const bool in_place = outputs != nullptr && results == Py_None;
+    if (request.num_outputs > 0 && !in_place &&
         !WriteResults(*site, results, request, error)) {
       outcome = DirectOutcome::kFailed;
     }
     Py_DECREF(results);
   }
-  bool kept;
+  bool kept, kept_output;
   CheckViews(&views, &kept);
-  if (kept && outcome == DirectOutcome::kDone) {
-    *error = KeptMessage(*site);
+  CheckViews(&output_views, &kept_output);
+  if ((kept || kept_output) && outcome == DirectOutcome::kDone) {
+    *error = KeptMessage(*site, !kept);
     outcome = DirectOutcome::kFailed;
   }
   return outcome;
