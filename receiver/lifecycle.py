@@ -148,7 +148,7 @@ class Runtime:
     raised as `DirectRunError`. Once the process ends (`abandon`), fails.
     `outputs`, the device's result buffers lent to a call's consumer (the
     native runner lends them to a copy=False site's), go to the consumer,
-    which may fill them and return None."""
+    which may fill them and return views of them."""
     runs = self.runs.of(name, device_id)
     if not runs.begin(queued=False):
       raise ReceiverStopped("host_callback: the process is ending after "

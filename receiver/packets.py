@@ -78,7 +78,7 @@ class DirectRunError(Exception):
 
 # Runs a request's host function on the calling device thread:
 # `run(consumer_id, device_id, arrays[, outputs])` returns its results (None
-# for none, or for results it wrote into the lent `outputs`) or raises
+# for none; views of the lent `outputs` once it filled them) or raises
 # `DirectRunError` (receiver/lifecycle.py:Runtime.run_direct).
 DirectRun = Callable[..., Optional[Sequence[np.ndarray]]]
 

@@ -11,7 +11,8 @@ import numpy as np
 # A consumer gets the packet's arrays and the sending device's id, and returns
 # the arrays of the reply (for a `call`) or None (for a tap). A call's
 # consumer run directly may also get `outputs`, the device's result buffers
-# as writable bytes (Runtime.run_direct), and return None once it filled them.
+# as writable bytes (Runtime.run_direct), and return views of them once it
+# filled them.
 Consumer = Callable[..., Optional[Sequence[np.ndarray]]]
 # What names a consumer in errors; a function when the consumer runs
 # different host functions (it is called right after one raised, there).

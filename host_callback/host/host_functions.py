@@ -374,8 +374,9 @@ def _buffers_consumer(function: HostFunction,
                       ) -> Callable[..., Optional[Sequence[np.ndarray]]]:
   """The consumer of a `buffers=True` call. With `out=`, the function fills
   the `outputs` that a direct run lends (writable bytes of the device's
-  result buffers, viewed here as `result_avals`; no copy), else new arrays
-  that the transport copies once into the device's buffers."""
+  result buffers, viewed here as `result_avals`), which are then its results
+  and are not copied; else new arrays, which the transport copies once into
+  the device's buffers."""
   func, avals = function.func, function.result_avals
 
   def call(arrays: Sequence[np.ndarray], device_id: int,
@@ -392,7 +393,7 @@ def _buffers_consumer(function: HostFunction,
     result = _run_call(function, device_id, func, argument(arrays),
                        {**kwargs, "out": out})
     _check_filled(function, result, out)
-    return None if outputs is not None else outs
+    return outs
 
   return call
 

@@ -191,9 +191,9 @@ PyObject* Arguments(const Site& site, const DirectRequest& request,
 
 // A copy=False site's call is lent the device's result buffers: a tuple of
 // writable uint8 arrays over them, which its consumer may fill in place
-// (buffers=True with out=), then returning None. `views` gets a reference
-// to each, to check after the run. Not for packed sub-byte results, which
-// NumPy cannot view.
+// (buffers=True with out=) and return, as views of them, for results.
+// `views` gets a reference to each, to check after the run. Not for packed
+// sub-byte results, which NumPy cannot view.
 bool LendsOutputs(const Site& site, const DirectRequest& request) {
   return !site.copy && !site.pack_results && request.num_outputs > 0;
 }
@@ -250,6 +250,7 @@ bool WriteResults(const Site& site, PyObject* results,
     if (ok) buffers.push_back(buffer);
   }
   if (ok) {
+    // A result that is its output buffer (filled in place) is not copied.
     bool same = static_cast<size_t>(count) == request.num_outputs;
     for (size_t i = 0; same && i < buffers.size(); ++i) {
       same = buffers[i].len == request.outputs[i].bytes;
@@ -263,7 +264,7 @@ bool WriteResults(const Site& site, PyObject* results,
     } else {
       Py_BEGIN_ALLOW_THREADS
       for (size_t i = 0; i < buffers.size(); ++i) {
-        if (buffers[i].len > 0) {
+        if (buffers[i].len > 0 && buffers[i].buf != request.outputs[i].data) {
           std::memcpy(request.outputs[i].data, buffers[i].buf,
                       static_cast<size_t>(buffers[i].len));
         }
@@ -275,6 +276,30 @@ bool WriteResults(const Site& site, PyObject* results,
   Py_DECREF(sequence);
   if (!ok && error->empty()) TakeException(error);
   return ok;
+}
+
+// The results that are arrays over the lent output buffers (filled in
+// place), each with a reference in `views`, to check after the run: one the
+// host function kept gets a copy of its own data, as an argument's view.
+void CollectFilled(PyObject* results, const DirectRequest& request,
+                   std::vector<PyObject*>* views) {
+  PyObject* sequence = PySequence_Fast(results, "");
+  if (sequence == nullptr) {
+    PyErr_Clear();
+    return;
+  }
+  const Py_ssize_t count = FastSize(sequence);
+  for (Py_ssize_t i = 0;
+       i < count && static_cast<size_t>(i) < request.num_outputs; ++i) {
+    PyObject* item = FastItem(sequence, i);
+    if (PyArray_Check(item) &&
+        PyArray_DATA(reinterpret_cast<PyArrayObject*>(item)) ==
+            request.outputs[i].data) {
+      Py_INCREF(item);
+      views->push_back(item);
+    }
+  }
+  Py_DECREF(sequence);
 }
 
 // Gives a view that the host function kept a private copy of its data, so
@@ -341,7 +366,7 @@ DirectOutcome RunWithGil(const DirectRequest& request, std::string* error) {
   }
   // A Ctrl-C that arrived while the device ran belongs to this computation.
   if (PyErr_CheckSignals() < 0) return TakeException(error);
-  std::vector<PyObject*> views, output_views;
+  std::vector<PyObject*> views, output_views, filled;
   PyObject* args = Arguments(*site, request, &views);
   PyObject* outputs = args != nullptr && LendsOutputs(*site, request)
                           ? Outputs(request, &output_views)
@@ -366,19 +391,21 @@ DirectOutcome RunWithGil(const DirectRequest& request, std::string* error) {
   if (results == nullptr) {
     outcome = TakeException(error);  // drops the traceback, and its frames
   } else {
-    // A tap's results (none) are not looked at, nor those of a consumer that
-    // filled the lent outputs in place (None).
-    const bool in_place = outputs != nullptr && results == Py_None;
-    if (request.num_outputs > 0 && !in_place &&
+    // A tap's results (none) are not looked at.
+    if (request.num_outputs > 0 &&
         !WriteResults(*site, results, request, error)) {
       outcome = DirectOutcome::kFailed;
     }
+    if (outputs != nullptr) CollectFilled(results, request, &filled);
     Py_DECREF(results);
   }
-  bool kept, kept_output;
+  // The filled results first: a kept one's own copy releases its lent bytes.
+  bool kept, kept_filled, kept_output;
   CheckViews(&views, &kept);
+  CheckViews(&filled, &kept_filled);
   CheckViews(&output_views, &kept_output);
-  if ((kept || kept_output) && outcome == DirectOutcome::kDone) {
+  if ((kept || kept_filled || kept_output) &&
+      outcome == DirectOutcome::kDone) {
     *error = KeptMessage(*site, !kept);
     outcome = DirectOutcome::kFailed;
   }
