@@ -296,3 +296,12 @@ def test_keeping_an_out_buffer_fails_the_computation(transport):
 def test_buffers_must_be_a_bool():
   with pytest.raises(TypeError, match="buffers must be True or False"):
     hcb.call(lambda a: a, 1.0, result_shape=1.0, buffers="yes")
+
+
+def test_eager_use_outside_jit(both_modes):
+  out = hcb.call(lambda a, out: np.multiply(a, 3, out=out), jnp.arange(3),
+                 result_shape=jnp.arange(3), buffers=True)
+  np.testing.assert_array_equal(out, [0, 3, 6])
+  out = hcb.call(lambda a: np.array(a) + 1, jnp.arange(3.0),
+                 result_shape=jnp.arange(3.0), buffers=True)
+  np.testing.assert_array_equal(out, [1.0, 2.0, 3.0])
