@@ -374,10 +374,23 @@ def _result_avals(result_shape: Any) -> tuple[Any, tuple]:
   return treedef, tuple(avals)
 
 
+def _accepts_out(func: Callable[..., Any]) -> bool:
+  """Whether `func` has a parameter `out` that a keyword can give (a
+  `buffers=True` call then fills it in place)."""
+  try:
+    parameter = inspect.signature(func).parameters.get("out")
+  except (TypeError, ValueError):
+    return False
+  return parameter is not None and parameter.kind in (
+      inspect.Parameter.POSITIONAL_OR_KEYWORD,
+      inspect.Parameter.KEYWORD_ONLY)
+
+
 def call(callback_func: Callable[..., Any], arg: Any, *,
          result_shape: Any = None, call_with_device: bool = False,
          device_index: int = 0, copy: bool = True, partitioned: bool = False,
-         call_with_shard: bool = False, **kwargs: Any) -> Any:
+         call_with_shard: bool = False, buffers: bool = False,
+         **kwargs: Any) -> Any:
   """Calls `callback_func(arg)` on the host and returns its result.
 
   The device waits for the result. Calls run after the taps that precede them
@@ -406,6 +419,17 @@ def call(callback_func: Callable[..., Any], arg: Any, *,
       first leaf of `arg` (a `ValueError` at trace time where it cannot
       be). See `id_tap`.
     call_with_shard: also pass `shard=`; see `id_tap`'s `tap_with_shard`.
+    buffers: True to hand buffers over without copies where the transport
+      can (implies `copy=False`): `callback_func` gets `arg` as read-only
+      NumPy arrays (they export `__dlpack__`), views of the device's
+      buffers when it runs directly on the native transport, valid only
+      until it returns; and either returns arrays that export DLPack
+      (NumPy, JAX, PyTorch), with exactly `result_shape`'s shapes and
+      dtypes and on the CPU, taken without a conversion; or, when it has
+      an `out` parameter, fills `out` (a pytree like `result_shape` of
+      writable arrays, views of the device's result buffers where it runs
+      directly) in place and returns None. An extension; see "Buffers
+      without a copy" in the user guide for which paths copy.
 
   Returns:
     The host result, as JAX arrays shaped like `result_shape`.
@@ -418,12 +442,14 @@ def call(callback_func: Callable[..., Any], arg: Any, *,
   device_index = _device_index(device_index, "call")
   arg_leaves, arg_treedef = _flatten_arg(arg, "call")
   result_treedef, result_avals = _result_avals(result_shape)
+  buffers = _check_flag(buffers, "buffers", "call")
   function = interned(HostFunction(
       callback_func, arg_treedef, with_device=call_with_device, is_call=True,
       result_treedef=result_treedef, result_avals=result_avals,
-      copy=_check_flag(copy, "copy", "call"),
+      copy=_check_flag(copy, "copy", "call") and not buffers,
       partitioned=_check_flag(partitioned, "partitioned", "call"),
-      with_shard=_check_flag(call_with_shard, "call_with_shard", "call")))
+      with_shard=_check_flag(call_with_shard, "call_with_shard", "call"),
+      buffers=buffers, fills_out=buffers and _accepts_out(callback_func)))
   out = primitive.bind(arg_leaves, function=function,
                        num_args=len(arg_leaves), device_index=device_index)
   return jax.tree_util.tree_unflatten(result_treedef, out)

@@ -140,10 +140,15 @@ class Runtime:
       self.blocking_calls.start()
 
   def run_direct(self, name: str, consumer_id: int, device_id: int,
-                 arrays: List[np.ndarray]) -> Optional[Sequence[np.ndarray]]:
+                 arrays: List[np.ndarray],
+                 outputs: Optional[Sequence[np.ndarray]] = None
+                 ) -> Optional[Sequence[np.ndarray]]:
     """Runs a consumer on the calling device thread, as its receiver thread
     would (for the queue of transport `name`): an error is recorded, then
-    raised as `DirectRunError`. Once the process ends (`abandon`), fails."""
+    raised as `DirectRunError`. Once the process ends (`abandon`), fails.
+    `outputs`, the device's result buffers lent to a call's consumer (the
+    native runner lends them to a copy=False site's), go to the consumer,
+    which may fill them and return views of them."""
     runs = self.runs.of(name, device_id)
     if not runs.begin(queued=False):
       raise ReceiverStopped("host_callback: the process is ending after "
@@ -151,7 +156,10 @@ class Runtime:
     # As consumer_thread() does, inline: this runs for every direct request.
     previous, consumer_threads.active = consumer_threads.active, True
     try:
-      return self.registry.get(consumer_id)(arrays, device_id)
+      consumer = self.registry.get(consumer_id)
+      if outputs is None:
+        return consumer(arrays, device_id)
+      return consumer(arrays, device_id, outputs)
     except BaseException as error:  # pylint: disable=broad-except
       self.errors.record(error, delivered=True)  # the device fails with it
       raise DirectRunError(error, self.registry.context(consumer_id),

@@ -77,9 +77,10 @@ class DirectRunError(Exception):
 
 
 # Runs a request's host function on the calling device thread:
-# `run(consumer_id, device_id, arrays)` returns its results (None for none)
-# or raises `DirectRunError` (receiver/lifecycle.py:Runtime.run_direct).
-DirectRun = Callable[[int, int, List[np.ndarray]], Optional[Sequence[np.ndarray]]]
+# `run(consumer_id, device_id, arrays[, outputs])` returns its results (None
+# for none; views of the lent `outputs` once it filled them) or raises
+# `DirectRunError` (receiver/lifecycle.py:Runtime.run_direct).
+DirectRun = Callable[..., Optional[Sequence[np.ndarray]]]
 
 
 class Reply:

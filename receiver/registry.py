@@ -9,8 +9,11 @@ from typing import Callable, Dict, Iterable, Optional, Sequence, Tuple, Union
 import numpy as np
 
 # A consumer gets the packet's arrays and the sending device's id, and returns
-# the arrays of the reply (for a `call`) or None (for a tap).
-Consumer = Callable[[Sequence[np.ndarray], int], Optional[Sequence[np.ndarray]]]
+# the arrays of the reply (for a `call`) or None (for a tap). A call's
+# consumer run directly may also get `outputs`, the device's result buffers
+# as writable bytes (Runtime.run_direct), and return views of them once it
+# filled them.
+Consumer = Callable[..., Optional[Sequence[np.ndarray]]]
 # What names a consumer in errors; a function when the consumer runs
 # different host functions (it is called right after one raised, there).
 Context = Union[str, Callable[[], str]]

@@ -20,7 +20,10 @@ The progress-bar rows time `host_callback.tqdm.scan_tqdm` and jax-tqdm 0.4's
 beside the same scan without a bar.
 
 The large-array rows also time `jit(lambda x: x + 1)` on the same array, one
-pass over the data: the yardstick for a tap (one copy) and a call. Their
+pass over the data: the yardstick for a tap (one copy) and a call. The
+`buffers=True` row (an identity that fills `out=`) is beside `call` without
+`buffers` and `jax.experimental.buffer_callback` (no column where the
+installed JAX lacks it). Their
 taps return one element of the array, not the array: a jitted function that
 returns its argument makes XLA copy it into a new output buffer, which would
 time XLA rather than the callback. The "size sweep" rows time an outfeed tap
@@ -44,6 +47,7 @@ os.environ.setdefault("XLA_FLAGS", "--xla_force_host_platform_device_count=4")
 
 import jax  # noqa: E402  (after XLA_FLAGS)
 import jax.numpy as jnp  # noqa: E402
+import numpy as np  # noqa: E402
 from jax.experimental import io_callback  # noqa: E402
 from jax.sharding import NamedSharding, PartitionSpec as P  # noqa: E402
 
@@ -106,6 +110,32 @@ def _first_of_rows(tap: Callable) -> Callable:
 
 def _call_hcb(func: Callable, copy: bool = True) -> Callable:
   return lambda x: hcb.call(func, x, result_shape=x, copy=copy)
+
+
+def _call_hcb_filling(func: Callable) -> Callable:
+  """A `buffers=True` call of `func(a, out)`, which fills `out` in place."""
+  return lambda x: hcb.call(func, x, result_shape=x, buffers=True)
+
+
+def _copy_into(a, out) -> None:
+  """The identity as a host function that fills `out`."""
+  np.copyto(out, a)
+
+
+def _buffer_callbacks() -> Dict[str, Callable]:
+  """`jax.experimental.buffer_callback` filling its output, where the
+  installed JAX has it."""
+  try:
+    from jax.experimental.buffer_callback import buffer_callback
+  except ImportError:
+    return {}
+
+  def identity(func: Callable) -> Callable:
+    del func
+    fill = lambda ctx, out, a: _copy_into(np.asarray(a), np.asarray(out))  # noqa: E731
+    return lambda x: buffer_callback(
+        fill, jax.ShapeDtypeStruct(x.shape, x.dtype))(x)
+  return {"buffer_callback": identity}
 
 
 def _call_pure(func: Callable) -> Callable:
@@ -317,7 +347,7 @@ def collect(quick: bool, repeat: int, only: str = "") -> List[Row]:
     values = {f"hcb[{t}]": _with_transport(t, mode(lambda: ours(factory)))
               for t in transports}
     for name, baseline in baselines.items():
-      values[name] = ours(baseline)
+      values[name] = mode(lambda baseline=baseline: ours(baseline))()
     rows.append((scenario, unit, values))
 
   add("jitted step with one tap, per call from a Python loop", "µs",
@@ -376,6 +406,16 @@ def collect(quick: bool, repeat: int, only: str = "") -> List[Row]:
           lambda make, a=array: 1e3 * _one_shot_times(make(identity), a,
                                                        repeat)[0],
           {**YARDSTICK, **CALLERS}, lambda f, copy=copy: _call_hcb(f, copy))
+    del array
+  scenario = ("large call round trip of 256 MiB f32[64,1024,1024], "
+              "identity, buffers=True filling out= (synchronous)")
+  if re.search(only, scenario):
+    array = jnp.zeros((64, 1024, 1024), jnp.float32)
+    add(scenario, "ms",
+        lambda make, a=array: 1e3 * _one_shot_times(make(_copy_into), a,
+                                                     repeat)[0],
+        {**YARDSTICK, "hcb call": lambda f: _call_hcb(lambda a: a),
+         **_buffer_callbacks()}, _call_hcb_filling, synchronous=True)
     del array
   for size, label in ((1, "4 B"), (1 << 14, "64 KiB"), (1 << 18, "1 MiB"),
                       (1 << 22, "16 MiB"), (1 << 28, "1 GiB")):
@@ -500,6 +540,10 @@ SUMMARY: List[Tuple[str, str, Tuple[str, ...], Optional[str]]] = [
     ("a large array to the host and back: a 256 MiB call",
      r"large call round trip of 256 MiB \S+, identity",
      ("pure_callback", "io_callback"), "jit(x+1)"),
+    ("a large array to the host and back without a copy: a 256 MiB call "
+     "filling out= (synchronous, buffers=True)",
+     r"large call round trip of 256 MiB \S+, identity, buffers=True "
+     r"filling out= \(synchronous\)", ("buffer_callback",), "jit(x+1)"),
     ("each device's shard to the host: a 256 MiB tap sharded over 4 "
      "devices (partitioned=True)", r"sharded tap of 256 MiB .*",
      ("debug.callback(partitioned)",), "hcb gathered"),

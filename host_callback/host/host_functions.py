@@ -83,7 +83,10 @@ class HostFunction:
   the function gets read-only arrays that may view the device's buffers
   (`copy=False`). `partitioned`: in automatically sharded code, each device
   sends its own shard (see `partitioned.py`); `with_shard`: the function
-  gets `shard=`, from `shard_table` where the value is split.
+  gets `shard=`, from `shard_table` where the value is split. `buffers`
+  (a call's, with `copy` False): the results are taken as the function
+  returns them (arrays that export DLPack, exactly as `result_avals`
+  says), or, with `fills_out`, the function fills `out=` in place.
   `consumer_context`: set where `func` is a consumer already, which names
   the context of its errors itself (the eager ops' dispatcher, eager.py).
   """
@@ -97,6 +100,8 @@ class HostFunction:
   partitioned: bool = False
   with_shard: bool = False
   shard_table: Optional[ShardTable] = None
+  buffers: bool = False
+  fills_out: bool = False
   consumer_context: Optional[Callable[[], str]] = None
 
   @property
@@ -108,7 +113,7 @@ class HostFunction:
     return (self.arg_treedef, self.with_device, self.is_call,
             self.result_treedef, self.result_avals, self.copy,
             self.partitioned, self.with_shard, self.shard_table,
-            self.consumer_context)
+            self.buffers, self.fills_out, self.consumer_context)
 
 
 def _hash_of(func: Callable[..., Any]) -> int:
@@ -328,19 +333,126 @@ def make_consumer(function: HostFunction, transforms: Transforms,
         raise
     return tap_with_device
 
-  def call(arrays: Sequence[np.ndarray], device_id: int
+  if function.buffers:
+    return _buffers_consumer(function, argument, device_kwargs)
+
+  def call(arrays: Sequence[np.ndarray], device_id: int,
+           outputs: Optional[Sequence[np.ndarray]] = None
            ) -> Sequence[np.ndarray]:
-    try:
-      result = func(argument(arrays), **device_kwargs(device_id, arrays))
-    except BaseException as error:
-      stop_listeners.notify(device_id, is_call=True)
-      # A KeyboardInterrupt of its own is its error too; Ctrl-C is not.
-      if (not isinstance(error, (Exception, KeyboardInterrupt)) or
-          interrupts.ctrl_c(error)):
-        raise
-      raise CallError(
-          f"host_callback.call: {function.name} raised "
-          f"{type(error).__name__}: {error}") from error
+    del outputs  # lent by a direct run; only a buffers=True call fills them
+    result = _run_call(function, device_id, func, argument(arrays),
+                       device_kwargs(device_id, arrays))
     return _check_results(function, result)
 
   return call
+
+
+def _run_call(function: HostFunction, device_id: int,
+              func: Callable[..., Any], arg: Any,
+              kwargs: Dict[str, Any]) -> Any:
+  """`func(arg, **kwargs)`, a call's host function: what it raises is a
+  CallError naming it, chained to the error (Ctrl-C is raised as it is),
+  and the device's stop listeners hear of it."""
+  try:
+    return func(arg, **kwargs)
+  except BaseException as error:
+    stop_listeners.notify(device_id, is_call=True)
+    # A KeyboardInterrupt of its own is its error too; Ctrl-C is not.
+    if (not isinstance(error, (Exception, KeyboardInterrupt)) or
+        interrupts.ctrl_c(error)):
+      raise
+    raise CallError(
+        f"host_callback.call: {function.name} raised "
+        f"{type(error).__name__}: {error}") from error
+
+
+# --- buffers=True: results taken as they are, or filled in place ------------
+
+_DLPACK_CPU = 1  # DLPack's kDLCPU
+
+
+def _buffers_consumer(function: HostFunction,
+                      argument: Callable[[Sequence[np.ndarray]], Any],
+                      device_kwargs: Callable[..., Dict[str, Any]]
+                      ) -> Callable[..., Optional[Sequence[np.ndarray]]]:
+  """The consumer of a `buffers=True` call. With `out=`, the function fills
+  the `outputs` that a direct run lends (writable bytes of the device's
+  result buffers, viewed here as `result_avals`), which are then its results
+  and are not copied; else new arrays, which the transport copies once into
+  the device's buffers."""
+  func, avals = function.func, function.result_avals
+
+  def call(arrays: Sequence[np.ndarray], device_id: int,
+           outputs: Optional[Sequence[np.ndarray]] = None
+           ) -> Optional[Sequence[np.ndarray]]:
+    kwargs = device_kwargs(device_id, arrays)  # shared: not to be changed
+    if not function.fills_out:
+      result = _run_call(function, device_id, func, argument(arrays), kwargs)
+      return _exported_results(function, result)
+    outs = ([raw.view(a.dtype).reshape(a.shape)
+             for raw, a in zip(outputs, avals)] if outputs is not None
+            else [np.empty(a.shape, a.dtype) for a in avals])
+    out = jax.tree_util.tree_unflatten(function.result_treedef, outs)
+    result = _run_call(function, device_id, func, argument(arrays),
+                       {**kwargs, "out": out})
+    _check_filled(function, result, out)
+    return outs
+
+  return call
+
+
+def _check_filled(function: HostFunction, result: Any, out: Any) -> None:
+  """A function given `out=` returns None (or `out` itself, as NumPy's
+  `out=` functions do)."""
+  if result is None or result is out:
+    return
+  raise CallError(
+      f"host_callback.call: {function.name} takes out=, so it fills the "
+      "result buffers that result_shape describes in place and returns "
+      f"None; it returned {type(result).__name__}. Write into out (e.g. "
+      "out[...] = value) and return None, or drop its out parameter to "
+      "return the result")
+
+
+def _exported_results(function: HostFunction,
+                      result: Any) -> Sequence[np.ndarray]:
+  """The flat results of a `buffers=True` call as NumPy arrays over the
+  returned arrays' memory (DLPack; no copy), or CallError when one is not
+  an array on the CPU exactly as `result_shape` says (no conversion)."""
+  leaves, treedef = jax.tree_util.tree_flatten(result)
+  if treedef != function.result_treedef:
+    raise _structure_error(function, leaves, treedef)
+  return [_exported(function, leaf, aval)
+          for leaf, aval in zip(leaves, function.result_avals)]
+
+
+def _exported(function: HostFunction, leaf: Any,
+              aval: jax.core.ShapedArray) -> np.ndarray:
+  expected = _describe(aval.dtype, aval.shape)
+  if isinstance(leaf, np.ndarray):
+    array = leaf
+  elif hasattr(leaf, "__dlpack__"):
+    device = leaf.__dlpack_device__()
+    if int(device[0]) != _DLPACK_CPU:
+      raise CallError(
+          f"host_callback.call: {function.name} returned an array on DLPack "
+          f"device {tuple(int(d) for d in device)} where result_shape "
+          f"expects {expected} on the CPU; return host memory (e.g. "
+          "np.asarray(result) or result.cpu())")
+    try:
+      array = np.from_dlpack(leaf)
+    except (BufferError, RuntimeError, TypeError):
+      array = np.asarray(leaf)  # a dtype NumPy's DLPack lacks (bfloat16)
+  else:
+    raise CallError(
+        f"host_callback.call: {function.name} returned "
+        f"{type(leaf).__name__} where result_shape expects {expected}; with "
+        "buffers=True return arrays that export __dlpack__ (NumPy, JAX, "
+        "PyTorch), or fill out=")
+  if array.dtype != aval.dtype or array.shape != aval.shape:
+    raise CallError(
+        f"host_callback.call: {function.name} returned "
+        f"{_describe(array.dtype, array.shape)} where result_shape expects "
+        f"{expected}; with buffers=True results are taken as they are, "
+        "without conversion: return that shape and dtype")
+  return array

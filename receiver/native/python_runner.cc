@@ -189,6 +189,35 @@ PyObject* Arguments(const Site& site, const DirectRequest& request,
   return args;
 }
 
+// A copy=False site's call is lent the device's result buffers: a tuple of
+// writable uint8 arrays over them, which its consumer may fill in place
+// (buffers=True with out=) and return, as views of them, for results.
+// `views` gets a reference to each, to check after the run. Not for packed
+// sub-byte results, which NumPy cannot view.
+bool LendsOutputs(const Site& site, const DirectRequest& request) {
+  return !site.copy && !site.pack_results && request.num_outputs > 0;
+}
+
+PyObject* Outputs(const DirectRequest& request, std::vector<PyObject*>* views) {
+  const size_t count = request.num_outputs;
+  PyObject* outputs = PyTuple_New(static_cast<Py_ssize_t>(count));
+  if (outputs == nullptr) return nullptr;
+  for (size_t i = 0; i < count; ++i) {
+    npy_intp bytes = static_cast<npy_intp>(request.outputs[i].bytes);
+    PyObject* view = PyArray_New(&PyArray_Type, 1, &bytes, NPY_UINT8, nullptr,
+                                 request.outputs[i].data, 0, NPY_ARRAY_CARRAY,
+                                 nullptr);
+    if (view == nullptr) {
+      Py_DECREF(outputs);
+      return nullptr;
+    }
+    Py_INCREF(view);
+    views->push_back(view);
+    PyTuple_SetItem(outputs, static_cast<Py_ssize_t>(i), view);
+  }
+  return outputs;
+}
+
 // Writes the results into the device's buffers; false with `error` set when
 // they do not fit.
 bool WriteResults(const Site& site, PyObject* results,
@@ -221,6 +250,7 @@ bool WriteResults(const Site& site, PyObject* results,
     if (ok) buffers.push_back(buffer);
   }
   if (ok) {
+    // A result that is its output buffer (filled in place) is not copied.
     bool same = static_cast<size_t>(count) == request.num_outputs;
     for (size_t i = 0; same && i < buffers.size(); ++i) {
       same = buffers[i].len == request.outputs[i].bytes;
@@ -234,7 +264,7 @@ bool WriteResults(const Site& site, PyObject* results,
     } else {
       Py_BEGIN_ALLOW_THREADS
       for (size_t i = 0; i < buffers.size(); ++i) {
-        if (buffers[i].len > 0) {
+        if (buffers[i].len > 0 && buffers[i].buf != request.outputs[i].data) {
           std::memcpy(request.outputs[i].data, buffers[i].buf,
                       static_cast<size_t>(buffers[i].len));
         }
@@ -246,6 +276,30 @@ bool WriteResults(const Site& site, PyObject* results,
   Py_DECREF(sequence);
   if (!ok && error->empty()) TakeException(error);
   return ok;
+}
+
+// The results that are arrays over the lent output buffers (filled in
+// place), each with a reference in `views`, to check after the run: one the
+// host function kept gets a copy of its own data, as an argument's view.
+void CollectFilled(PyObject* results, const DirectRequest& request,
+                   std::vector<PyObject*>* views) {
+  PyObject* sequence = PySequence_Fast(results, "");
+  if (sequence == nullptr) {
+    PyErr_Clear();
+    return;
+  }
+  const Py_ssize_t count = FastSize(sequence);
+  for (Py_ssize_t i = 0;
+       i < count && static_cast<size_t>(i) < request.num_outputs; ++i) {
+    PyObject* item = FastItem(sequence, i);
+    if (PyArray_Check(item) &&
+        PyArray_DATA(reinterpret_cast<PyArrayObject*>(item)) ==
+            request.outputs[i].data) {
+      Py_INCREF(item);
+      views->push_back(item);
+    }
+  }
+  Py_DECREF(sequence);
 }
 
 // Gives a view that the host function kept a private copy of its data, so
@@ -278,11 +332,20 @@ void CheckViews(std::vector<PyObject*>* views, bool* kept) {
   views->clear();
 }
 
-std::string KeptMessage(const Site& site) {
+// What a run fails with when its host function kept what it was lent: an
+// argument's view (`output` false) or an output buffer.
+std::string KeptMessage(const Site& site, bool output) {
   const char* name = site.name != nullptr ? Utf8(site.name) : "";
   if (name == nullptr) {
     PyErr_Clear();
     name = "";
+  }
+  if (output) {
+    return std::string("host_callback: the host function ") + name +
+           " kept a buffer of out= it got with buffers=True (a view of the "
+           "device's result buffer, valid only until the function returns), "
+           "so its computation fails. Keep a copy instead, e.g. "
+           "np.array(out)";
   }
   return std::string("host_callback: the host function ") + name +
          " kept an argument it got with copy=False (a read-only view of the "
@@ -303,11 +366,16 @@ DirectOutcome RunWithGil(const DirectRequest& request, std::string* error) {
   }
   // A Ctrl-C that arrived while the device ran belongs to this computation.
   if (PyErr_CheckSignals() < 0) return TakeException(error);
-  std::vector<PyObject*> views;
+  std::vector<PyObject*> views, output_views, filled;
   PyObject* args = Arguments(*site, request, &views);
-  if (args == nullptr) {
+  PyObject* outputs = args != nullptr && LendsOutputs(*site, request)
+                          ? Outputs(request, &output_views)
+                          : nullptr;
+  if (args == nullptr || (outputs == nullptr && LendsOutputs(*site, request))) {
+    Py_XDECREF(args);
     bool kept;
     CheckViews(&views, &kept);
+    CheckViews(&output_views, &kept);
     return TakeException(error);
   }
   PyObject* device_id = PyLong_FromLongLong(request.device_id);
@@ -315,9 +383,10 @@ DirectOutcome RunWithGil(const DirectRequest& request, std::string* error) {
       device_id == nullptr
           ? nullptr
           : PyObject_CallFunctionObjArgs(runner, site->entry, device_id, args,
-                                         nullptr);
+                                         outputs, nullptr);  // may end early
   Py_XDECREF(device_id);
   Py_DECREF(args);
+  Py_XDECREF(outputs);
   DirectOutcome outcome = DirectOutcome::kDone;
   if (results == nullptr) {
     outcome = TakeException(error);  // drops the traceback, and its frames
@@ -327,12 +396,17 @@ DirectOutcome RunWithGil(const DirectRequest& request, std::string* error) {
         !WriteResults(*site, results, request, error)) {
       outcome = DirectOutcome::kFailed;
     }
+    if (outputs != nullptr) CollectFilled(results, request, &filled);
     Py_DECREF(results);
   }
-  bool kept;
+  // The filled results first: a kept one's own copy releases its lent bytes.
+  bool kept, kept_filled, kept_output;
   CheckViews(&views, &kept);
-  if (kept && outcome == DirectOutcome::kDone) {
-    *error = KeptMessage(*site);
+  CheckViews(&filled, &kept_filled);
+  CheckViews(&output_views, &kept_output);
+  if ((kept || kept_filled || kept_output) &&
+      outcome == DirectOutcome::kDone) {
+    *error = KeptMessage(*site, !kept);
     outcome = DirectOutcome::kFailed;
   }
   return outcome;

@@ -3,7 +3,10 @@
 // The runner takes the GIL, builds the NumPy arguments itself (copies, or
 // read-only views of the device's buffers for a site registered with
 // copy=False), calls Python once, and writes the results straight into the
-// device's result buffers.
+// device's result buffers. A copy=False site's call is also lent those
+// result buffers, as writable bytes, which its consumer may fill in place
+// (buffers=True with out=) and return: a result that is its output buffer
+// is not copied, so no copy either way.
 //
 // The runner is called on the device's thread by DirectRuns::TryRun
 // (direct_runs.h); it takes the GIL, which guards its Python objects and
@@ -22,9 +25,10 @@
 
 namespace hcb::python {
 
-// `runner(entry, device_id, args)` runs a site's host function (`entry` is
-// what the site was registered with, `args` a tuple of arrays) and returns
-// its results (None for none) or raises; `wire(array)` returns a result as
+// `runner(entry, device_id, args[, outputs])` runs a site's host function
+// (`entry` is what the site was registered with, `args` a tuple of arrays,
+// `outputs` the lent result buffers) and returns its results (None for
+// none; views of `outputs` that it filled count as written) or raises; `wire(array)` returns a result as
 // the device stores it (C-contiguous, sub-byte dtypes packed). Both null:
 // no direct runs. Needs the GIL.
 void SetRunner(PyObject* runner, PyObject* wire);
