@@ -20,7 +20,7 @@ from typing import Dict, Sequence, Tuple
 import numpy as np
 
 from .native_library import native
-from .native_wire import Column, align, column, packed_bits
+from .native_wire import Column, align, column
 
 
 @dataclasses.dataclass(frozen=True)
@@ -48,13 +48,13 @@ def _key(consumer_id: int, dtypes: Sequence[np.dtype],
 
 def register_site(consumer_id: int, dtypes: Sequence[np.dtype],
                   shapes: Sequence[Tuple[int, ...]], *, name: str,
-                  copy: bool, result_dtypes: Sequence[np.dtype]) -> int:
+                  copy: bool, packed_results: bool) -> int:
   """The id to put in the packets of a callback site.
 
   The site's packets carry arrays of these dtypes and shapes, for the
   consumer `consumer_id` (of the host function `name`, which asked for
-  copies or not, and whose results, for a call, have `result_dtypes`). Ids
-  are never reused.
+  copies or not, and whose results, for a call, include dtypes packed below
+  a byte when `packed_results`). Ids are never reused.
   """
   assert native is not None, "the native transport is not built"
   key = _key(consumer_id, dtypes, shapes)
@@ -67,12 +67,10 @@ def register_site(consumer_id: int, dtypes: Sequence[np.dtype],
       columns.append(column(offset, dtype, shape))
       offset += align(columns[-1].nbytes)
     site_id = next(_next_site_id)
-    pack_results = any(packed_bits(np.dtype(d)) is not None
-                       for d in result_dtypes)
     native.register_site(
         site_id, [c.nbytes for c in columns], consumer_id, name,
         [c.dtype for c in columns], [c.shape for c in columns],
-        [c.unpacker() for c in columns], copy, pack_results)
+        [c.unpacker() for c in columns], copy, packed_results)
     _site_ids[key] = site_id
     sites[site_id] = Site(consumer_id, tuple(columns), offset, not copy)
     return site_id

@@ -187,10 +187,9 @@ class NativeTransport:
 
   def register_site(self, consumer_id: int, dtypes: Sequence[np.dtype],
                     shapes: Sequence[Tuple[int, ...]], *, name: str = "",
-                    copy: bool = True,
-                    result_dtypes: Sequence[np.dtype] = ()) -> int:
+                    copy: bool = True, packed_results: bool = False) -> int:
     return native_sites.register_site(consumer_id, dtypes, shapes, name=name,
-                                     copy=copy, result_dtypes=result_dtypes)
+                                     copy=copy, packed_results=packed_results)
 
   def unregister_site(self, site_id: int) -> None:
     """Frees a site's layout, here and in the module; see

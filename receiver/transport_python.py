@@ -59,9 +59,8 @@ class PythonTransport:
 
   def register_site(self, consumer_id: int, dtypes: Sequence[np.dtype],
                     shapes: Sequence[Tuple[int, ...]], *, name: str = "",
-                    copy: bool = True,
-                    result_dtypes: Sequence[np.dtype] = ()) -> int:
-    del dtypes, shapes, name, result_dtypes  # the arrays arrive with theirs
+                    copy: bool = True, packed_results: bool = False) -> int:
+    del dtypes, shapes, name, packed_results  # the arrays arrive with theirs
     with self._lock:
       self._sites.append((consumer_id, not copy))
       return len(self._sites) - 1

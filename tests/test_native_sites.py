@@ -31,7 +31,7 @@ def native_only(transport):
 def _register(dtypes, shapes, **options):
   return native_sites.register_site(
       consumer_id=10**9, dtypes=dtypes, shapes=shapes,
-      name="test_native_sites", **{"copy": True, "result_dtypes": (),
+      name="test_native_sites", **{"copy": True, "packed_results": False,
                                    **options})
 
 
@@ -39,7 +39,7 @@ def _register(dtypes, shapes, **options):
 def test_the_module_s_two_copies_say_what_native_sites_says(layout):
   dtypes, shapes = _LAYOUTS[layout]
   site_id = _register(dtypes, shapes, copy=False,
-                      result_dtypes=(ml_dtypes.int4,))
+                      packed_results=True)
   try:
     site = native_sites.sites[site_id]
     sizes = [column.nbytes for column in site.columns]

@@ -21,7 +21,7 @@ from . import transport_policy
 from .device_numbers import device_by_number
 from .host_functions import HostFunction, Transforms, make_consumer
 from ..receiver import Consumer, PythonTransport, QueueStats, Runtime, Transport
-from ..receiver import transport_native
+from ..receiver import native_wire, transport_native
 from ..receiver.interrupts import program_ended_by_ctrl_c
 
 T = TypeVar("T")
@@ -112,7 +112,9 @@ def register_site(producer: Transport, function: HostFunction,
   site = producer.register_site(
       register(function, transforms), dtypes, shapes, name=function.name,
       copy=function.copy,
-      result_dtypes=[a.dtype for a in function.result_avals])
+      packed_results=any(
+          native_wire.packed_bits(np.dtype(a.dtype)) is not None
+          for a in function.result_avals))
   with _registrations_lock:
     _registrations_of(function).sites.add((producer.name, site))
   return site
