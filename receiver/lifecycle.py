@@ -20,7 +20,7 @@ from .errors import ErrorLog
 from .interrupts import ctrl_c
 from .consumer_threads import Receiver, consumer_thread, consumer_threads
 from .packets import DirectRunError, ReceiverStopped, device_error
-from .registry import Consumer, ConsumerRegistry
+from .registry import Consumer, ConsumerRegistry, Tickets
 from .run_counts import QueueKey, RunCounts
 from .transport import Transport
 
@@ -50,6 +50,7 @@ class Runtime:
                max_bytes: Callable[[], int], at_exit: Callable[[], None]) -> None:
     """`at_exit` runs at interpreter exit if a receiver was ever started."""
     self.registry = ConsumerRegistry()
+    self.tickets = Tickets()  # the eager ops' one-shot consumers
     self.errors = ErrorLog()
     self.runs = RunCounts()
     # What no executable uses any more, until its packets are consumed.

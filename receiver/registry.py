@@ -77,3 +77,29 @@ class ConsumerRegistry:
           f"host_callback: a packet arrived for host function #{consumer_id}, "
           "which was released because no computation used it any more; "
           "please report this") from None
+
+
+class Tickets:
+  """One-shot consumers, by ticket: a consumer that a packet names at run
+  time (the eager ops' tickets), held until that packet has taken it.
+  Tickets are 31-bit (they travel as int32 scalars) and wrap around."""
+
+  MASK = 0x7FFFFFFF
+
+  def __init__(self) -> None:
+    self._numbers = itertools.count()
+    self._entries: Dict[int, Tuple[Consumer, str]] = {}
+
+  def issue(self, consumer: Consumer, context: str) -> int:
+    """A new ticket for `consumer`, named `context` in errors."""
+    ticket = next(self._numbers) & self.MASK  # atomic under the GIL
+    self._entries[ticket] = (consumer, context)
+    return ticket
+
+  def take(self, ticket: int) -> Tuple[Consumer, str]:
+    """The consumer of `ticket`, which is then forgotten."""
+    return self._entries.pop(ticket)
+
+  def drop(self, ticket: int) -> None:
+    """Forgets a ticket whose packet will never come."""
+    self._entries.pop(ticket, None)

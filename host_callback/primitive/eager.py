@@ -8,9 +8,8 @@ the host function travelling as a ticket (`eager_ticket`). The primitive's
 from __future__ import annotations
 
 import functools
-import itertools
 import threading
-from typing import Any, Dict, Optional, Sequence, Tuple
+from typing import Any, Optional, Sequence, Tuple
 
 import jax
 import numpy as np
@@ -19,24 +18,21 @@ from ..host import host_side
 from ..host.device_numbers import device_by_number, device_number
 from ..host.host_functions import (CallError, HostFunction, Transforms,
                                    make_consumer)
-from ..receiver import Consumer
 
 
 # --- Eager ops: one compiled op per signature, the host function chosen at
 # run time. The op's host function is `_dispatch`; each execution
 # sends, before the operands, a ticket that names the consumer to run. The
-# ticket holds the consumer (so the host function) until it has run. -------
+# ticket (the runtime's `tickets`) holds the consumer, so the host
+# function, until it has run. -------
 
-_tickets: Dict[int, Tuple[Consumer, str]] = {}
-_ticket_numbers = itertools.count()
-_TICKET_MASK = 0x7FFFFFFF  # tickets travel as int32 scalars
 _failed = threading.local()  # the context of the last consumer that raised
 
 
 def _dispatch(arrays: Sequence[np.ndarray], device_id: int
               ) -> Optional[Sequence[np.ndarray]]:
   """The consumer of eager ops: runs the one that the ticket names."""
-  consumer, context = _tickets.pop(int(arrays[0]))
+  consumer, context = host_side.runtime.tickets.take(int(arrays[0]))
   try:
     return consumer(arrays[1:], device_id)
   except BaseException:
@@ -65,10 +61,9 @@ def is_eager_function(function: HostFunction) -> bool:
 
 def eager_ticket(function: HostFunction, transforms: Transforms) -> int:
   """A ticket for an eager op to run `function` under `transforms` with."""
-  ticket = next(_ticket_numbers) & _TICKET_MASK
-  _tickets[ticket] = (make_consumer(function, transforms, device_by_number),
-                      host_side.context_of(function))
-  return ticket
+  return host_side.runtime.tickets.issue(
+      make_consumer(function, transforms, device_by_number),
+      host_side.context_of(function))
 
 
 def run_eager(function: HostFunction, transforms: Transforms,
@@ -94,7 +89,7 @@ def run_eager(function: HostFunction, transforms: Transforms,
 
 def drop_ticket(ticket: int) -> None:
   """Forgets a ticket whose op failed before its host function ran."""
-  _tickets.pop(ticket, None)
+  host_side.runtime.tickets.drop(ticket)
 
 
 def run_inline(function: HostFunction, transforms: Transforms,
