@@ -183,19 +183,17 @@ def start_receiver() -> None:
   runtime.receiver()
 
 
-# The barrier that drains at exit: `barrier.barrier_wait`, which `barrier`
-# (a module above this one: it binds the primitive) sets when it loads.
-_exit_barrier: List[Callable[[str], None]] = []
+class _Exit:
+  """The drain at exit: the barrier it runs (`barrier.barrier_wait`, which
+  `barrier`, a part above this one, registers when it loads), and whether
+  it runs (set once, by the main thread)."""
+  barrier: Optional[Callable[[str], None]] = None
+  draining = False
 
 
 def set_exit_barrier(barrier_wait: Callable[[str], None]) -> None:
   """`barrier_wait("at_exit")` runs at interpreter exit, before the stop."""
-  _exit_barrier[:] = [barrier_wait]
-
-
-class _Exit:
-  """Whether the drain at exit runs (set once, by the main thread)."""
-  draining = False
+  _Exit.barrier = barrier_wait
 
 
 def blocking(call: Callable[[], T]) -> T:
@@ -223,8 +221,8 @@ def _drain_at_exit() -> None:
     else:
       _Exit.draining = True
       try:
-        for barrier_wait in _exit_barrier:
-          barrier_wait("at_exit")
+        if _Exit.barrier is not None:
+          _Exit.barrier("at_exit")
       except KeyboardInterrupt:
         interrupted = True
         _abandon("Ctrl-C ended the drain at exit")
