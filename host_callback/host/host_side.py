@@ -9,7 +9,7 @@ import atexit
 import dataclasses
 import threading
 import weakref
-from typing import (Any, Callable, Dict, List, Optional, Sequence, Set, Tuple,
+from typing import (Any, Callable, Dict, Optional, Sequence, Set, Tuple,
                     TypeVar, Union)
 
 import jax
