@@ -329,27 +329,37 @@ def collect_barrier(quick: bool, repeat: int, only: str = "") -> List[Row]:
                                   2000 // scale, wanted))
 
 
-def collect(quick: bool, repeat: int, only: str = "") -> List[Row]:
-  """The rows whose scenario matches the regular expression `only`."""
-  transports = transport_policy.available_on_cpu()
-  scale = 10 if quick else 1
-  rows: List[Row] = []
+class _Rows:
+  """The rows being collected: each measured on every transport and beside
+  its baselines, if its scenario matches `only`."""
 
-  # Rows are in the outfeed mode unless they say "synchronous".
-  jax.config.update("jax_host_callback_outfeed", True)
+  def __init__(self, transports: List[str], only: str) -> None:
+    self.transports = transports
+    self.only = only
+    self.rows: List[Row] = []
 
-  def add(scenario: str, unit: str, ours: Callable[[Callable], float],
+  def wanted(self, scenario: str) -> bool:
+    return bool(re.search(self.only, scenario))
+
+  def add(self, scenario: str, unit: str, ours: Callable[[Callable], float],
           baselines: Dict[str, Callable], factory: Callable,
           synchronous: bool = False) -> None:
-    if not re.search(only, scenario):
+    """Measures `ours(factory)` on each transport, and `ours(baseline)` for
+    each baseline, in the synchronous mode or the outfeed one."""
+    if not self.wanted(scenario):
       return
     mode = _synchronous if synchronous else (lambda measure: measure)
     values = {f"hcb[{t}]": _with_transport(t, mode(lambda: ours(factory)))
-              for t in transports}
+              for t in self.transports}
     for name, baseline in baselines.items():
       values[name] = mode(lambda baseline=baseline: ours(baseline))()
-    rows.append((scenario, unit, values))
+    self.rows.append((scenario, unit, values))
 
+
+def _step_rows(rows: _Rows, scale: int, repeat: int) -> None:
+  """A jitted step with one tap or call, from a Python loop."""
+  del scale  # the same sizes in --quick
+  add = rows.add
   add("jitted step with one tap, per call from a Python loop", "µs",
       lambda make: 1e6 * _step_time(make(_noop), repeat),
       {**NOTHING, **TAPPERS}, _tap_hcb)
@@ -359,6 +369,11 @@ def collect(quick: bool, repeat: int, only: str = "") -> List[Row]:
   add("jitted step with one call x+1, per call from a Python loop", "µs",
       lambda make: 1e6 * _step_time(make(lambda a: a + 1), repeat),
       {**NOTHING, **CALLERS}, _call_hcb)
+
+
+def _scan_rows(rows: _Rows, scale: int, repeat: int) -> None:
+  """Taps in long scans."""
+  add = rows.add
   steps = 100_000 // scale
   for index, label in ((0, "until ready"), (1, "until drained")):
     add(f"tap f32 scalar, per step of a {steps}-step scan ({label})", "µs",
@@ -373,6 +388,12 @@ def collect(quick: bool, repeat: int, only: str = "") -> List[Row]:
   add(f"tap f32[1000], per step of a {steps}-step scan (until drained)", "µs",
       lambda make: 1e6 * _scan_times(make(_noop), steps, jnp.zeros(1000),
                                      repeat)[1], TAPPERS, _tap_hcb)
+
+
+def _large_array_rows(rows: _Rows, scale: int, repeat: int) -> None:
+  """Large arrays: taps, calls, sizes, shards."""
+  del scale  # the same sizes in --quick
+  add = rows.add
   big = jnp.zeros((8, 1024, 1024), jnp.float32)
   add("tap of 32 MiB f32[8,1024,1024] (until drained)", "ms",
       lambda make: 1e3 * _one_shot_times(make(_noop), big, repeat)[0],
@@ -390,7 +411,7 @@ def collect(quick: bool, repeat: int, only: str = "") -> List[Row]:
     calls = [(copy, f"large call round trip of {mib} MiB {shape}, identity"
               + suffix) for copy, suffix in ((True, ""),
                                              (False, ", copy=False"))]
-    if not any(re.search(only, name)
+    if not any(rows.wanted(name)
                for name in [t[2] for t in taps] + [c[1] for c in calls]):
       continue  # do not allocate the array
     array = jnp.zeros((mib // 4, 1024, 1024), jnp.float32)
@@ -409,7 +430,7 @@ def collect(quick: bool, repeat: int, only: str = "") -> List[Row]:
     del array
   scenario = ("large call round trip of 256 MiB f32[64,1024,1024], "
               "identity, buffers=True filling out= (synchronous)")
-  if re.search(only, scenario):
+  if rows.wanted(scenario):
     array = jnp.zeros((64, 1024, 1024), jnp.float32)
     add(scenario, "ms",
         lambda make, a=array: 1e3 * _one_shot_times(make(_copy_into), a,
@@ -420,7 +441,7 @@ def collect(quick: bool, repeat: int, only: str = "") -> List[Row]:
   for size, label in ((1, "4 B"), (1 << 14, "64 KiB"), (1 << 18, "1 MiB"),
                       (1 << 22, "16 MiB"), (1 << 28, "1 GiB")):
     scenario = f"size sweep: tap of {label} f32[{size}] (until drained)"
-    if not re.search(only, scenario):
+    if not rows.wanted(scenario):
       continue
     array = jnp.zeros(size, jnp.float32)
     add(scenario, "ms",
@@ -430,7 +451,7 @@ def collect(quick: bool, repeat: int, only: str = "") -> List[Row]:
     del array
   scenario = ("sharded tap of 256 MiB f32[64,1024,1024] over 4 devices by "
               "rows, partitioned, until the host functions ran")
-  if re.search(only, scenario):
+  if rows.wanted(scenario):
     mesh = jax.make_mesh((4,), ("rows",))
     array = jax.device_put(jnp.zeros((64, 1024, 1024), jnp.float32),
                            NamedSharding(mesh, P("rows")))
@@ -442,6 +463,11 @@ def collect(quick: bool, repeat: int, only: str = "") -> List[Row]:
              lambda f: _first_of_rows(_tap_debug_partitioned(f))},
         lambda f: _first_of_rows(_tap_hcb_partitioned(f)))
     del array
+
+
+def _slow_consumer_rows(rows: _Rows, scale: int, repeat: int) -> None:
+  """Taps whose host function takes 1 ms."""
+  add = rows.add
   taps = 1000 // scale
   for index, label in ((0, "jitted call returns"), (1, "result ready"),
                        (2, "consumers drained")):
@@ -453,6 +479,12 @@ def collect(quick: bool, repeat: int, only: str = "") -> List[Row]:
       "ms", lambda make: 1e3 * _slow_consumer_times(make(_sleep_1ms), taps,
                                                     repeat)[0],
       TAPPERS, _tap_hcb, synchronous=True)
+
+
+def _call_rows(rows: _Rows, scale: int, repeat: int) -> None:
+  """Calls in a scan, alone, and of 32 MiB."""
+  add = rows.add
+  big = jnp.zeros((8, 1024, 1024), jnp.float32)
   steps = 10_000 // scale
   plus_one = lambda a: a + 1  # noqa: E731
   add(f"call x+1, per step of a {steps}-step scan", "µs",
@@ -464,6 +496,11 @@ def collect(quick: bool, repeat: int, only: str = "") -> List[Row]:
   add("call round trip of 32 MiB f32[8,1024,1024] (x+1)", "ms",
       lambda make: 1e3 * _one_shot_times(make(plus_one), big, repeat)[0],
       CALLERS, _call_hcb)
+
+
+def _bar_rows(rows: _Rows, scale: int, repeat: int) -> None:
+  """Progress bars beside jax-tqdm's."""
+  add = rows.add
   steps = 20_000 // scale
   for synchronous, label in ((True, "synchronous"), (False, "until drained")):
     add(f"progress bar update, per step of a {steps}-step scan of a 16x16 "
@@ -476,7 +513,19 @@ def collect(quick: bool, repeat: int, only: str = "") -> List[Row]:
       lambda make: 1e3 * _bar_scan_time(make, steps, None, repeat),
       {"no bar": _no_bar, **_progress_baselines()}, _hcb_bar,
       synchronous=True)
-  return rows
+
+
+def collect(quick: bool, repeat: int, only: str = "") -> List[Row]:
+  """The rows whose scenario matches the regular expression `only`, topic
+  by topic."""
+  rows = _Rows(transport_policy.available_on_cpu(), only)
+  scale = 10 if quick else 1
+  # Rows are in the outfeed mode unless they say "synchronous".
+  jax.config.update("jax_host_callback_outfeed", True)
+  for topic in (_step_rows, _scan_rows, _large_array_rows,
+                _slow_consumer_rows, _call_rows, _bar_rows):
+    topic(rows, scale, repeat)
+  return rows.rows
 
 
 def format_table(rows: List[Row]) -> str:
