@@ -4,7 +4,9 @@ primitive's outputs."""
 from __future__ import annotations
 
 import dataclasses
-from typing import Any, Optional
+from typing import Any, Dict, Optional
+
+_new = object.__new__
 
 
 @dataclasses.dataclass(frozen=True)
@@ -22,9 +24,25 @@ class TapEvent:
     total: the enclosing scan's length; None for a `while_loop` and outside
       loops.
     kind: `"carry"` (carry and primitive taps) or `"output"` (scan outputs).
+    device: the `jax.Device` that ran the step (under `pmap`, each device
+      reports its own steps); None where unknown (an event read back by
+      `read_jsonl`, or made by hand). jax-tap's events have no such field.
   """
   path: str
   step: int
   value: Any
   total: Optional[int] = None
   kind: str = "carry"
+  device: Any = None
+
+  @classmethod
+  def _of_site(cls, site: Dict[str, Any], step: int, value: Any,
+               device: Any) -> "TapEvent":
+    """The event of a tap site whose `path`, `total` and `kind` are in
+    `site`: what a tap's host function makes for every step, without the
+    frozen `__init__`'s per-field checks (the fields are the same)."""
+    event = _new(cls)
+    fields = event.__dict__
+    fields.update(site)
+    fields["step"], fields["value"], fields["device"] = step, value, device
+    return event
