@@ -19,6 +19,12 @@ The progress-bar rows time `host_callback.tqdm.scan_tqdm` and jax-tqdm 0.4's
 `print_rate=1`, and the whole scan with the default rate (every n/20 steps)
 beside the same scan without a bar.
 
+The loop rows time `host_callback.loops.verbose` and jax-tap's (its column
+is empty, with a note, where jax-tap is not installed): what an event with a
+scalar `select` adds to each step of a 20k-step trivial scan, and a 20k-step
+scan of a 64x64 matmul with `sample_every=100` beside the same scan without
+a lens.
+
 The large-array rows also time `jit(lambda x: x + 1)` on the same array, one
 pass over the data: the yardstick for a tap (one copy) and a call. The
 `buffers=True` row (an identity that fills `out=`) is beside `call` without
@@ -52,6 +58,7 @@ from jax.experimental import io_callback  # noqa: E402
 from jax.sharding import NamedSharding, PartitionSpec as P  # noqa: E402
 
 import host_callback as hcb  # noqa: E402
+from host_callback import loops  # noqa: E402
 from host_callback.host import transport_policy  # noqa: E402
 from host_callback.tqdm import scan_tqdm  # noqa: E402
 from tools import bench_barrier  # noqa: E402
@@ -292,6 +299,63 @@ def _per_update(make: Callable, steps: int, repeat: int) -> float:
   return 1e6 * (with_bar - _bar_scan_time(_no_bar, steps, 1, repeat)) / steps
 
 
+# --- Watching loops: `make(f, sample_every)` gives `f` with a lens on it ----
+
+def _hcb_lens(f: Callable, sample_every: int) -> Callable:
+  return loops.verbose(f, on_step=_noop, select=_first_leaf,
+                       sample_every=sample_every)
+
+
+def _no_lens(f: Callable, sample_every: int) -> Callable:
+  del sample_every
+  return f
+
+
+def _first_leaf(leaves: tuple):
+  return leaves[0]
+
+
+@functools.lru_cache(maxsize=None)
+def _lens_baselines() -> Dict[str, Callable]:
+  """jax-tap's `verbose` where it is installed; else none, with a note."""
+  try:
+    import jaxtap
+  except ImportError:
+    print("note: jax-tap is not installed, so the loop rows have no jaxtap "
+          "column (pip install jax-tap)", file=sys.stderr)
+    return {}
+  return {"jaxtap": lambda f, sample_every: jaxtap.verbose(
+      f, on_step=_noop, select=_first_leaf, sample_every=sample_every)}
+
+
+def _lens_scan_time(make: Callable, steps: int, sample_every: int,
+                    size: int, repeat: int) -> float:
+  """Seconds for a jitted `steps`-step scan whose step is a `size`x`size`
+  matmul (a scalar add where `size` is 0), with the lens `make` gives."""
+  weights = jnp.eye(max(size, 1), dtype=jnp.float32) * 0.5
+
+  def body(carry, _):
+    return (jnp.tanh(carry @ weights) if size else carry + 1.0), None
+  f = jax.jit(make(lambda x: jax.lax.scan(body, x, None, length=steps)[0],
+                   sample_every))
+  x = jnp.ones((size, size), jnp.float32) if size else jnp.float32(0)
+
+  def run():
+    start = time.perf_counter()
+    jax.block_until_ready(f(x))
+    _drain()
+    return (time.perf_counter() - start,)
+  return _time(run, repeat)[0]
+
+
+def _per_event(make: Callable, steps: int, repeat: int) -> float:
+  """Microseconds that each event of a lens with a scalar `select` adds to
+  a trivial scan step."""
+  with_lens = _lens_scan_time(make, steps, 1, 0, repeat)
+  return 1e6 * (with_lens - _lens_scan_time(_no_lens, steps, 1, 0,
+                                            repeat)) / steps
+
+
 # --- The table -----------------------------------------------------------------
 
 Row = Tuple[str, str, Dict[str, float]]  # scenario, unit, {implementation: value}
@@ -476,6 +540,14 @@ def collect(quick: bool, repeat: int, only: str = "") -> List[Row]:
       lambda make: 1e3 * _bar_scan_time(make, steps, None, repeat),
       {"no bar": _no_bar, **_progress_baselines()}, _hcb_bar,
       synchronous=True)
+  steps = 20_000 // scale
+  add(f"loop event with a scalar select, per step of a {steps}-step scan "
+      "(synchronous)", "µs", lambda make: _per_event(make, steps, repeat),
+      _lens_baselines(), _hcb_lens, synchronous=True)
+  add(f"{steps}-step scan of a 64x64 matmul watched with sample_every=100 "
+      "(synchronous)", "ms",
+      lambda make: 1e3 * _lens_scan_time(make, steps, 100, 64, repeat),
+      {"no lens": _no_lens}, _hcb_lens, synchronous=True)
   return rows
 
 
@@ -556,6 +628,10 @@ SUMMARY: List[Tuple[str, str, Tuple[str, ...], Optional[str]]] = [
     ("a progress bar, per update (print_rate=1, synchronous)",
      r"progress bar update, .*print_rate=1 \(synchronous\)", ("jax-tqdm",),
      None),
+    ("a loop event of unmodified code (jax-tap's telemetry), per step, "
+     "scalar select (synchronous)",
+     r"loop event with a scalar select, per step of a \d+-step scan "
+     r"\(synchronous\)", ("jaxtap",), None),
     ("a scan with a progress bar at the default rate (synchronous)",
      r"\d+-step scan of a 16x16 matmul with a progress bar at the default "
      r"rate \(synchronous\)", ("jax-tqdm",), "no bar"),
@@ -583,6 +659,11 @@ TOPICS: List[Tuple[str, str, str]] = [
      "the first element of each row, so that nothing is gathered for the "
      "output."),
     ("Slow host functions", r"\d+ taps with a 1 ms consumer.*", ""),
+    ("Watching loops", r"(loop event|\d+-step scan of a 64x64).*",
+     "`host_callback.loops.verbose` (jax-tap's interface) against jax-tap's "
+     "own (no column where jax-tap was not installed): what each step's "
+     "event adds to a trivial scan step, and a scan of a 64x64 matmul "
+     "sampled every 100 steps beside the same scan without a lens."),
     ("Progress bars", r".*progress bar.*",
      "`host_callback.tqdm.scan_tqdm` against jax-tqdm 0.4's (no column "
      "where jax-tqdm was not installed) and the same scan without a bar."),
