@@ -40,13 +40,14 @@ from __future__ import annotations
 
 import argparse
 import functools
+import importlib
 import os
 import platform
 import re
 import statistics
 import sys
 import time
-from typing import Callable, Dict, List, Optional, Tuple
+from typing import Any, Callable, Dict, List, Optional, Tuple
 
 # Four CPU devices, for the barrier rows; every other row uses device 0.
 os.environ.setdefault("XLA_FLAGS", "--xla_force_host_platform_device_count=4")
@@ -260,14 +261,23 @@ def _no_bar(n: int, print_rate: Optional[int]) -> Callable:
   return lambda body: body
 
 
+def _installed(module: str, name: str, rows: str, pip: str) -> Optional[Any]:
+  """`module` where it is installed; else None, with a note that the `rows`
+  rows have no `name` column."""
+  try:
+    return importlib.import_module(module)
+  except ImportError:
+    print(f"note: {name} is not installed, so the {rows} rows have no {name} "
+          f"column (pip install {pip})", file=sys.stderr)
+    return None
+
+
 @functools.lru_cache(maxsize=None)
 def _progress_baselines() -> Dict[str, Callable]:
   """jax-tqdm's bar where it is installed; else none, with a note."""
-  try:
-    import jax_tqdm
-  except ImportError:
-    print("note: jax-tqdm is not installed, so the progress-bar rows have no "
-          "jax-tqdm column (pip install 'jax-tqdm==0.4.*')", file=sys.stderr)
+  jax_tqdm = _installed("jax_tqdm", "jax-tqdm", "progress-bar",
+                        "'jax-tqdm==0.4.*'")
+  if jax_tqdm is None:
     return {}
   return {"jax-tqdm": lambda n, print_rate: jax_tqdm.scan_tqdm(
       n, print_rate, file=open(os.devnull, "w"))}
@@ -318,11 +328,8 @@ def _first_leaf(leaves: tuple):
 @functools.lru_cache(maxsize=None)
 def _lens_baselines() -> Dict[str, Callable]:
   """jax-tap's `verbose` where it is installed; else none, with a note."""
-  try:
-    import jaxtap
-  except ImportError:
-    print("note: jax-tap is not installed, so the loop rows have no jaxtap "
-          "column (pip install jax-tap)", file=sys.stderr)
+  jaxtap = _installed("jaxtap", "jaxtap", "loop", "jax-tap")
+  if jaxtap is None:
     return {}
   return {"jaxtap": lambda f, sample_every: jaxtap.verbose(
       f, on_step=_noop, select=_first_leaf, sample_every=sample_every)}
@@ -336,16 +343,10 @@ def _lens_scan_time(make: Callable, steps: int, sample_every: int,
 
   def body(carry, _):
     return (jnp.tanh(carry @ weights) if size else carry + 1.0), None
-  f = jax.jit(make(lambda x: jax.lax.scan(body, x, None, length=steps)[0],
-                   sample_every))
+  f = make(lambda x: jax.lax.scan(body, x, None, length=steps)[0],
+           sample_every)
   x = jnp.ones((size, size), jnp.float32) if size else jnp.float32(0)
-
-  def run():
-    start = time.perf_counter()
-    jax.block_until_ready(f(x))
-    _drain()
-    return (time.perf_counter() - start,)
-  return _time(run, repeat)[0]
+  return _one_shot_times(f, x, repeat)[0]
 
 
 def _per_event(make: Callable, steps: int, repeat: int) -> float:
