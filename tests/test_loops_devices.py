@@ -79,6 +79,15 @@ def test_a_bounded_recorder_keeps_the_last_events_and_counts_the_rest():
   assert len(unbounded.events) == STEPS and unbounded.dropped == 0
 
 
+def test_a_recorder_s_events_can_be_cleared_as_jax_tap_s():
+  for recorder in (tap.FlightRecorder(), tap.FlightRecorder(max_events=2)):
+    for step in range(3):
+      recorder(tap.TapEvent("scan[0]", step, ()))
+    recorder.events = []
+    recorder(tap.TapEvent("scan[0]", 3, ()))
+    assert [e.step for e in recorder.events] == [3] and recorder.dropped == 0
+
+
 def test_a_recorder_bound_must_be_positive():
   with pytest.raises(ValueError, match="max_events must be None or >= 1"):
     tap.FlightRecorder(max_events=0)

@@ -58,6 +58,13 @@ class FlightRecorder:
     kept = self._kept
     return kept if isinstance(kept, list) else list(kept)
 
+  @events.setter
+  def events(self, events: List[TapEvent]) -> None:
+    """Replaces the events kept (`rec.events = []` clears, as in jax-tap)."""
+    self._kept = (events if self.max_events is None else
+                  collections.deque(events, maxlen=self.max_events))
+    self._seen = len(self._kept)
+
   @property
   def dropped(self) -> int:
     """How many events `max_events` let go (the oldest); 0 without it."""
