@@ -118,12 +118,10 @@ def fire_spec(spec: PrimitiveTap, event: TapEvent, fired: Set[int]) -> None:
 def _chain(alert: Optional[Alert], callback: Optional[Observer]
            ) -> Optional[Observer]:
   """One observer: the alert first, then the callback (guarded)."""
-  if alert is None and callback is None:
-    return None
-  if alert is None:
-    return functools.partial(guarded, callback)
   if callback is None:
     return alert
+  if alert is None:
+    return functools.partial(guarded, callback)
 
   def both(event: TapEvent) -> None:
     alert(event)

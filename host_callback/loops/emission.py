@@ -126,16 +126,16 @@ class Emitter:
   select_ys: Optional[Callable[..., Any]] = None
   sample_every: int = 1
 
-  def _send(self, step: Any, sent: Callable[[], Any], *, path: str,
+  def _send(self, step: Any, sent: Callable[[], Any],
+            deliver: Callable[[TapEvent], None], *, path: str,
             total: Optional[int], kind: str,
             active: Optional[Callable[[], Any]] = None,
-            spec: Optional[PrimitiveTap] = None, gated: bool = True) -> None:
-    """Taps `sent()` (traced inside the gate) with `step`."""
+            gated: bool = True) -> None:
+    """Taps `sent()` (traced inside the gate) with `step`; the host makes
+    events and gives them to `deliver`."""
     def tap() -> None:
       leaves, treedef = jax.tree_util.tree_flatten(sent())
       extra = () if active is None else (active(),)
-      deliver = (self.sink.observer(kind) if spec is None else
-                 functools.partial(self.sink.deliver_primitive, spec=spec))
       host = _HostSide(path, total, kind, treedef, active is not None,
                        deliver)
       api.id_tap(host, (step, *extra, *leaves), tap_with_device=True)
@@ -149,16 +149,18 @@ class Emitter:
             active: Optional[Callable[[], Any]] = None) -> None:
     """After a loop step: its new carry (a tuple of leaves); `active()`, for
     a while_loop, whether the step is real."""
-    if self.sink.observer("carry") is not None:
+    observer = self.sink.observer("carry")
+    if observer is not None:
       self._send(step, lambda: apply_select(self.select, carry, path),
-                 path=path, total=total, kind="carry", active=active)
+                 observer, path=path, total=total, kind="carry", active=active)
 
   def outputs(self, path: str, step: Any, ys: tuple,
               total: Optional[int]) -> None:
     """After a scan step: its outputs (a tuple of leaves)."""
-    if ys and self.sink.observer("output") is not None:
+    observer = self.sink.observer("output")
+    if ys and observer is not None:
       self._send(step, lambda: apply_select(self.select_ys, ys, path),
-                 path=path, total=total, kind="output")
+                 observer, path=path, total=total, kind="output")
 
   def primitive(self, path: str, step: Any, outputs: tuple,
                 total: Optional[int], spec: PrimitiveTap,
@@ -174,5 +176,5 @@ class Emitter:
     else:
       watched = outputs
     self._send(step, lambda: apply_select(spec.select, watched, path),
-               path=path, total=total, kind="carry", spec=spec,
-               gated=in_loop)
+               functools.partial(self.sink.deliver_primitive, spec=spec),
+               path=path, total=total, kind="carry", gated=in_loop)
