@@ -339,14 +339,14 @@ def _lens_scan_time(make: Callable, steps: int, sample_every: int,
                     size: int, repeat: int) -> float:
   """Seconds for a jitted `steps`-step scan whose step is a `size`x`size`
   matmul (a scalar add where `size` is 0), with the lens `make` gives."""
-  weights = jnp.eye(max(size, 1), dtype=jnp.float32) * 0.5
-
-  def body(carry, _):
-    return (jnp.tanh(carry @ weights) if size else carry + 1.0), None
-  f = make(lambda x: jax.lax.scan(body, x, None, length=steps)[0],
-           sample_every)
+  def scan(operands):  # the weights an argument, not a constant, for both
+    x, weights = operands
+    def body(carry, _):
+      return (jnp.tanh(carry @ weights) if size else carry + 1.0), None
+    return jax.lax.scan(body, x, None, length=steps)[0]
   x = jnp.ones((size, size), jnp.float32) if size else jnp.float32(0)
-  return _one_shot_times(f, x, repeat)[0]
+  weights = jnp.eye(max(size, 1), dtype=jnp.float32) * 0.5
+  return _one_shot_times(make(scan, sample_every), (x, weights), repeat)[0]
 
 
 def _per_event(make: Callable, steps: int, repeat: int) -> float:
