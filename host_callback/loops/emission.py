@@ -19,7 +19,7 @@ import jax
 import numpy as np
 
 from .. import api
-from .events import TapEvent
+from .events import TapEvent, of_site
 from .primitive_taps import PrimitiveTap
 
 
@@ -97,14 +97,14 @@ class _HostSide:
   def __init__(self, path: str, total: Optional[int], kind: str,
                treedef: Any, gated_by_activity: bool,
                deliver: Callable[[TapEvent], None]) -> None:
-    self._site = {"path": path, "total": total, "kind": kind}
+    self._site = (path, total, kind)
     self._gated = gated_by_activity
     self._value = _value_builder(treedef, 2 if gated_by_activity else 1)
     self._deliver = deliver
 
   def __repr__(self) -> str:  # what a printed jaxpr shows
-    return (f"<host_callback.loops tap of {self._site['path']} "
-            f"({self._site['kind']})>")
+    path, _, kind = self._site
+    return f"<host_callback.loops tap of {path} ({kind})>"
 
   def __call__(self, sent: tuple, transforms: tuple, device: Any = None
                ) -> None:
@@ -114,8 +114,8 @@ class _HostSide:
       for lane in _lanes(tuple(sent), batches):
         self(lane, (), device)
     elif not self._gated or sent[1]:
-      self._deliver(TapEvent._of_site(  # pylint: disable=protected-access
-          self._site, sent[0].item(), self._value(sent), device))
+      self._deliver(of_site(self._site, sent[0].item(), self._value(sent),
+                            device))
 
 
 @dataclasses.dataclass(frozen=True)

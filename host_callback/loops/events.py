@@ -4,12 +4,12 @@ primitive's outputs."""
 from __future__ import annotations
 
 import dataclasses
-from typing import Any, Dict, Optional
+from typing import Any, Optional, Tuple
 
 _new = object.__new__
 
 
-@dataclasses.dataclass(frozen=True)
+@dataclasses.dataclass(frozen=True, slots=True)
 class TapEvent:
   """One observation, delivered to `on_step` (carry and primitive taps) or
   `on_ys` (scan outputs).
@@ -35,14 +35,24 @@ class TapEvent:
   kind: str = "carry"
   device: Any = None
 
-  @classmethod
-  def _of_site(cls, site: Dict[str, Any], step: int, value: Any,
-               device: Any) -> "TapEvent":
-    """The event of a tap site whose `path`, `total` and `kind` are in
-    `site`: what a tap's host function makes for every step, without the
-    frozen `__init__`'s per-field checks (the fields are the same)."""
-    event = _new(cls)
-    fields = event.__dict__
-    fields.update(site)
-    fields["step"], fields["value"], fields["device"] = step, value, device
-    return event
+
+
+_SETTERS = tuple(getattr(TapEvent, field.name).__set__
+                 for field in dataclasses.fields(TapEvent))
+
+
+def of_site(site: Tuple[str, Optional[int], str], step: int, value: Any,
+            device: Any) -> TapEvent:
+  """The event of a tap site whose `(path, total, kind)` is `site`: what a
+  tap's host function makes for every step, filling the slots as the
+  frozen `__init__` would without its per-field lookups."""
+  event = _new(TapEvent)
+  set_path, set_step, set_value, set_total, set_kind, set_device = _SETTERS
+  path, total, kind = site
+  set_path(event, path)
+  set_step(event, step)
+  set_value(event, value)
+  set_total(event, total)
+  set_kind(event, kind)
+  set_device(event, device)
+  return event
