@@ -28,7 +28,7 @@ def run_example(name, transport, *args, devices=1):
 
 def test_every_example_is_tested():
   tested = {"progress_bar.py", "pmap_progress.py", "csv_metrics.py",
-            "scipy_call.py", "sharded_checkpoint.py"}
+            "scipy_call.py", "sharded_checkpoint.py", "nan_hunt.py"}
   assert {p.name for p in EXAMPLES.glob("*.py")} == tested
 
 
@@ -90,3 +90,17 @@ def test_sharded_checkpoint(transport, tmp_path):
       "reassembled w equals the device array: True"]
   assert sorted(p.name for p in tmp_path.glob("w_step0_*")) == [
       f"w_step0_rows{2 * i}-{2 * i + 2}.npy" for i in range(4)]
+
+
+def test_nan_hunt(transport):
+  stdout, stderr = run_example("nan_hunt.py", transport)
+  assert stdout.splitlines() == [
+      "result: w = nan",
+      "first non-finite carry: scan[0], step 5 of 20",
+      "  step 2: w = -329.478",
+      "  step 3: w = 8.584e+07",
+      "  step 4: w = -1.51803e+24",
+      "  step 5: w = inf"]
+  # The alert fired once, at the first non-finite step.
+  assert stderr.count("[tap] FAIL") == 1
+  assert "[tap] FAIL scan[0] 5/20: w = inf" in stderr

@@ -19,6 +19,12 @@ The progress-bar rows time `host_callback.tqdm.scan_tqdm` and jax-tqdm 0.4's
 `print_rate=1`, and the whole scan with the default rate (every n/20 steps)
 beside the same scan without a bar.
 
+The loop rows time `host_callback.loops.verbose` and jax-tap's (its column
+is empty, with a note, where jax-tap is not installed): what an event with a
+scalar `select` adds to each step of a 20k-step trivial scan, and a 20k-step
+scan of a 64x64 matmul with `sample_every=100` beside the same scan without
+a lens.
+
 The large-array rows also time `jit(lambda x: x + 1)` on the same array, one
 pass over the data: the yardstick for a tap (one copy) and a call. The
 `buffers=True` row (an identity that fills `out=`) is beside `call` without
@@ -34,13 +40,14 @@ from __future__ import annotations
 
 import argparse
 import functools
+import importlib
 import os
 import platform
 import re
 import statistics
 import sys
 import time
-from typing import Callable, Dict, List, Optional, Tuple
+from typing import Any, Callable, Dict, List, Optional, Tuple
 
 # Four CPU devices, for the barrier rows; every other row uses device 0.
 os.environ.setdefault("XLA_FLAGS", "--xla_force_host_platform_device_count=4")
@@ -52,6 +59,7 @@ from jax.experimental import io_callback  # noqa: E402
 from jax.sharding import NamedSharding, PartitionSpec as P  # noqa: E402
 
 import host_callback as hcb  # noqa: E402
+from host_callback import loops  # noqa: E402
 from host_callback.host import transport_policy  # noqa: E402
 from host_callback.tqdm import scan_tqdm  # noqa: E402
 from tools import bench_barrier  # noqa: E402
@@ -253,14 +261,23 @@ def _no_bar(n: int, print_rate: Optional[int]) -> Callable:
   return lambda body: body
 
 
+def _installed(module: str, name: str, rows: str, pip: str) -> Optional[Any]:
+  """`module` where it is installed; else None, with a note that the `rows`
+  rows have no `name` column."""
+  try:
+    return importlib.import_module(module)
+  except ImportError:
+    print(f"note: {name} is not installed, so the {rows} rows have no {name} "
+          f"column (pip install {pip})", file=sys.stderr)
+    return None
+
+
 @functools.lru_cache(maxsize=None)
 def _progress_baselines() -> Dict[str, Callable]:
   """jax-tqdm's bar where it is installed; else none, with a note."""
-  try:
-    import jax_tqdm
-  except ImportError:
-    print("note: jax-tqdm is not installed, so the progress-bar rows have no "
-          "jax-tqdm column (pip install 'jax-tqdm==0.4.*')", file=sys.stderr)
+  jax_tqdm = _installed("jax_tqdm", "jax-tqdm", "progress-bar",
+                        "'jax-tqdm==0.4.*'")
+  if jax_tqdm is None:
     return {}
   return {"jax-tqdm": lambda n, print_rate: jax_tqdm.scan_tqdm(
       n, print_rate, file=open(os.devnull, "w"))}
@@ -290,6 +307,54 @@ def _per_update(make: Callable, steps: int, repeat: int) -> float:
   """Microseconds that each update of a bar with `print_rate=1` adds."""
   with_bar = _bar_scan_time(make, steps, 1, repeat)
   return 1e6 * (with_bar - _bar_scan_time(_no_bar, steps, 1, repeat)) / steps
+
+
+# --- Watching loops: `make(f, sample_every)` gives `f` with a lens on it ----
+
+def _hcb_lens(f: Callable, sample_every: int) -> Callable:
+  return loops.verbose(f, on_step=_noop, select=_first_leaf,
+                       sample_every=sample_every)
+
+
+def _no_lens(f: Callable, sample_every: int) -> Callable:
+  del sample_every
+  return f
+
+
+def _first_leaf(leaves: tuple):
+  return leaves[0]
+
+
+@functools.lru_cache(maxsize=None)
+def _lens_baselines() -> Dict[str, Callable]:
+  """jax-tap's `verbose` where it is installed; else none, with a note."""
+  jaxtap = _installed("jaxtap", "jaxtap", "loop", "jax-tap")
+  if jaxtap is None:
+    return {}
+  return {"jaxtap": lambda f, sample_every: jaxtap.verbose(
+      f, on_step=_noop, select=_first_leaf, sample_every=sample_every)}
+
+
+def _lens_scan_time(make: Callable, steps: int, sample_every: int,
+                    size: int, repeat: int) -> float:
+  """Seconds for a jitted `steps`-step scan whose step is a `size`x`size`
+  matmul (a scalar add where `size` is 0), with the lens `make` gives."""
+  def scan(operands):  # the weights an argument, not a constant, for both
+    x, weights = operands
+    def body(carry, _):
+      return (jnp.tanh(carry @ weights) if size else carry + 1.0), None
+    return jax.lax.scan(body, x, None, length=steps)[0]
+  x = jnp.ones((size, size), jnp.float32) if size else jnp.float32(0)
+  weights = jnp.eye(max(size, 1), dtype=jnp.float32) * 0.5
+  return _one_shot_times(make(scan, sample_every), (x, weights), repeat)[0]
+
+
+def _per_event(make: Callable, steps: int, repeat: int) -> float:
+  """Microseconds that each event of a lens with a scalar `select` adds to
+  a trivial scan step."""
+  with_lens = _lens_scan_time(make, steps, 1, 0, repeat)
+  return 1e6 * (with_lens - _lens_scan_time(_no_lens, steps, 1, 0,
+                                            repeat)) / steps
 
 
 # --- The table -----------------------------------------------------------------
@@ -515,6 +580,19 @@ def _bar_rows(rows: _Rows, scale: int, repeat: int) -> None:
       synchronous=True)
 
 
+def _loop_rows(rows: _Rows, scale: int, repeat: int) -> None:
+  """Watching loops (host_callback.loops) beside jax-tap's."""
+  add = rows.add
+  steps = 20_000 // scale
+  add(f"loop event with a scalar select, per step of a {steps}-step scan "
+      "(synchronous)", "µs", lambda make: _per_event(make, steps, repeat),
+      _lens_baselines(), _hcb_lens, synchronous=True)
+  add(f"{steps}-step scan of a 64x64 matmul watched with sample_every=100 "
+      "(synchronous)", "ms",
+      lambda make: 1e3 * _lens_scan_time(make, steps, 100, 64, repeat),
+      {"no lens": _no_lens}, _hcb_lens, synchronous=True)
+
+
 def collect(quick: bool, repeat: int, only: str = "") -> List[Row]:
   """The rows whose scenario matches the regular expression `only`, topic
   by topic."""
@@ -523,7 +601,7 @@ def collect(quick: bool, repeat: int, only: str = "") -> List[Row]:
   # Rows are in the outfeed mode unless they say "synchronous".
   jax.config.update("jax_host_callback_outfeed", True)
   for topic in (_step_rows, _scan_rows, _large_array_rows,
-                _slow_consumer_rows, _call_rows, _bar_rows):
+                _slow_consumer_rows, _call_rows, _bar_rows, _loop_rows):
     topic(rows, scale, repeat)
   return rows.rows
 
@@ -605,6 +683,10 @@ SUMMARY: List[Tuple[str, str, Tuple[str, ...], Optional[str]]] = [
     ("a progress bar, per update (print_rate=1, synchronous)",
      r"progress bar update, .*print_rate=1 \(synchronous\)", ("jax-tqdm",),
      None),
+    ("a loop event of unmodified code (jax-tap's telemetry), per step, "
+     "scalar select (synchronous)",
+     r"loop event with a scalar select, per step of a \d+-step scan "
+     r"\(synchronous\)", ("jaxtap",), None),
     ("a scan with a progress bar at the default rate (synchronous)",
      r"\d+-step scan of a 16x16 matmul with a progress bar at the default "
      r"rate \(synchronous\)", ("jax-tqdm",), "no bar"),
@@ -632,6 +714,11 @@ TOPICS: List[Tuple[str, str, str]] = [
      "the first element of each row, so that nothing is gathered for the "
      "output."),
     ("Slow host functions", r"\d+ taps with a 1 ms consumer.*", ""),
+    ("Watching loops", r"(loop event|\d+-step scan of a 64x64).*",
+     "`host_callback.loops.verbose` (jax-tap's interface) against jax-tap's "
+     "own (no column where jax-tap was not installed): what each step's "
+     "event adds to a trivial scan step, and a scan of a 64x64 matmul "
+     "sampled every 100 steps beside the same scan without a lens."),
     ("Progress bars", r".*progress bar.*",
      "`host_callback.tqdm.scan_tqdm` against jax-tqdm 0.4's (no column "
      "where jax-tqdm was not installed) and the same scan without a bar."),

@@ -4,9 +4,10 @@ back. Each is a callable taking a `TapEvent`, so it can be an `on_step`."""
 
 from __future__ import annotations
 
+import collections
 import json
 import pathlib
-from typing import Any, Dict, List, Tuple, Union
+from typing import Any, Deque, Dict, List, Optional, Tuple, Union
 
 import numpy as np
 
@@ -34,13 +35,40 @@ def _columns(value: Any) -> Dict[str, Any]:
 
 
 class FlightRecorder:
-  """Keeps every event it is called with, in `events`."""
+  """Keeps the events it is called with: all of them, or with `max_events`
+  the last `max_events` (a ring), counting the ones it let go in
+  `dropped`."""
 
-  def __init__(self) -> None:
-    self.events: List[TapEvent] = []
+  def __init__(self, max_events: Optional[int] = None) -> None:
+    if max_events is not None and max_events < 1:
+      raise ValueError(f"max_events must be None or >= 1, got {max_events}")
+    self._kept: Union[List[TapEvent], Deque[TapEvent]] = (
+        [] if max_events is None else collections.deque(maxlen=max_events))
+    self._seen = 0
+    self.max_events = max_events
 
   def __call__(self, event: TapEvent) -> None:
-    self.events.append(event)
+    self._seen += 1
+    self._kept.append(event)
+
+  @property
+  def events(self) -> List[TapEvent]:
+    """The events kept, oldest first: without `max_events`, the list the
+    recorder appends to; with it, a copy of the ring."""
+    kept = self._kept
+    return kept if isinstance(kept, list) else list(kept)
+
+  @events.setter
+  def events(self, events: List[TapEvent]) -> None:
+    """Replaces the events kept (`rec.events = []` clears, as in jax-tap)."""
+    self._kept = (events if self.max_events is None else
+                  collections.deque(events, maxlen=self.max_events))
+    self._seen = len(self._kept)
+
+  @property
+  def dropped(self) -> int:
+    """How many events `max_events` let go (the oldest); 0 without it."""
+    return 0 if self.max_events is None else self._seen - len(self._kept)
 
   def df(self) -> Any:
     """The events as a pandas DataFrame: `path`, `step`, then the value's

@@ -5,6 +5,7 @@ raises warns once and is skipped for that event."""
 from __future__ import annotations
 
 import dataclasses
+import functools
 import sys
 import warnings
 from typing import Any, Callable, Optional, Set
@@ -114,6 +115,20 @@ def fire_spec(spec: PrimitiveTap, event: TapEvent, fired: Set[int]) -> None:
     _write(f"[tap] FAIL {where}: {spec.label or spec.prim_name}")
 
 
+def _chain(alert: Optional[Alert], callback: Optional[Observer]
+           ) -> Optional[Observer]:
+  """One observer: the alert first, then the callback (guarded)."""
+  if callback is None:
+    return alert
+  if alert is None:
+    return functools.partial(guarded, callback)
+
+  def both(event: TapEvent) -> None:
+    alert(event)
+    guarded(callback, event)
+  return both
+
+
 @dataclasses.dataclass
 class Observers:
   """Who hears a `verbose` call's (or a `record` block's) events: alerts
@@ -123,6 +138,10 @@ class Observers:
   on_ys: Optional[Observer] = None
   alert_ys: Optional[Alert] = None
   fired_specs: Set[int] = dataclasses.field(default_factory=set)
+
+  def __post_init__(self) -> None:
+    self._by_kind = {"carry": _chain(self.alert, self.on_step),
+                     "output": _chain(self.alert_ys, self.on_ys)}
 
   @classmethod
   def of(cls, on_step: Optional[Observer],
@@ -134,20 +153,14 @@ class Observers:
     return cls(on_step, Alert(alert, alert_once) if alert else None,
                on_ys, Alert(alert_ys, alert_ys_once) if alert_ys else None)
 
-  def wants(self, kind: str) -> bool:
-    """Whether events of `kind` have anyone to go to (else no tap is made)."""
-    if kind == "output":
-      return self.on_ys is not None or self.alert_ys is not None
-    return self.on_step is not None or self.alert is not None
+  def observer(self, kind: str) -> Optional[Observer]:
+    """Who hears the events of `kind` (None: no one, and no tap is made)."""
+    return self._by_kind[kind]
 
   def deliver(self, event: TapEvent) -> None:
-    output = event.kind == "output"
-    alert = self.alert_ys if output else self.alert
-    callback = self.on_ys if output else self.on_step
-    if alert is not None:
-      alert(event)
-    if callback is not None:
-      guarded(callback, event)
+    observer = self._by_kind[event.kind]
+    if observer is not None:
+      observer(event)
 
   def deliver_primitive(self, event: TapEvent, spec: PrimitiveTap) -> None:
     if self.on_step is not None:

@@ -10,14 +10,16 @@ on `step % k == 0`, so unsampled steps neither select nor send.
 from __future__ import annotations
 
 import dataclasses
+import functools
 import inspect
+import operator
 from typing import Any, Callable, Iterator, Optional, Protocol, Sequence
 
 import jax
 import numpy as np
 
 from .. import api
-from .events import TapEvent
+from .events import TapEvent, of_site
 from .primitive_taps import PrimitiveTap
 
 
@@ -25,8 +27,10 @@ class Sink(Protocol):
   """Where a tap's events go: a `delivery.Observers`, or the router of the
   `record` blocks."""
 
-  def wants(self, kind: str) -> bool: ...
-  def deliver(self, event: TapEvent) -> None: ...
+  def observer(self, kind: str) -> Optional[Callable[[TapEvent], None]]:
+    """Where the events of `kind` go; None where no one hears them (then
+    no tap is made)."""
+
   def deliver_primitive(self, event: TapEvent, spec: PrimitiveTap) -> None: ...
 
 
@@ -69,35 +73,49 @@ def _lanes(leaves: tuple, batches: Sequence[tuple]) -> Iterator[tuple]:
                             for leaf, d in zip(leaves, dims)), inner)
 
 
-@dataclasses.dataclass(frozen=True, eq=False)
+_ONE_LEAF = jax.tree_util.tree_structure(0)
+
+
+def _value_builder(treedef: Any, first: int) -> Callable[[tuple], Any]:
+  """Rebuilds `select`'s value from a tap's `(step, [active,] *leaves)`:
+  one leaf as it is, a flat tuple as a tuple, any other tree by
+  unflattening."""
+  if treedef == _ONE_LEAF:
+    return operator.itemgetter(first)
+  if treedef == jax.tree_util.tree_structure((0,) * treedef.num_leaves):
+    return operator.itemgetter(slice(first, None))
+  return lambda sent: jax.tree_util.tree_unflatten(treedef, sent[first:])
+
+
 class _HostSide:
-  """The host function of one tap site (compared by identity)."""
-  path: str
-  total: Optional[int]
-  kind: str
-  treedef: Any
-  gated_by_activity: bool
-  sink: Sink
-  spec: Optional[PrimitiveTap] = None
+  """The host function of one tap site (compared by identity): what does
+  not change from step to step (the path, total, kind, how to rebuild the
+  value, where events go) is fixed when the site is traced. It gets
+  `(step, [active,] *leaves)`, `active` for a while_loop: whether the step
+  is real (a finished `vmap` lane's is not, and makes no event)."""
+
+  def __init__(self, path: str, total: Optional[int], kind: str,
+               treedef: Any, gated_by_activity: bool,
+               deliver: Callable[[TapEvent], None]) -> None:
+    self._site = (path, total, kind)
+    self._gated = gated_by_activity
+    self._value = _value_builder(treedef, 2 if gated_by_activity else 1)
+    self._deliver = deliver
 
   def __repr__(self) -> str:  # what a printed jaxpr shows
-    return f"<host_callback.loops tap of {self.path} ({self.kind})>"
+    path, _, kind = self._site
+    return f"<host_callback.loops tap of {path} ({kind})>"
 
-  def __call__(self, arg: tuple, transforms: tuple) -> None:
-    batches = [params["batch_dims"] for name, params in transforms
-               if name == "batch"]
-    for lane in _lanes(tuple(arg), batches):
-      step, rest = int(lane[0]), lane[1:]
-      if self.gated_by_activity:
-        if not rest[0]:
-          continue  # a finished vmap lane of a while_loop
-        rest = rest[1:]
-      value = jax.tree_util.tree_unflatten(self.treedef, rest)
-      event = TapEvent(self.path, step, value, self.total, self.kind)
-      if self.spec is None:
-        self.sink.deliver(event)
-      else:
-        self.sink.deliver_primitive(event, self.spec)
+  def __call__(self, sent: tuple, transforms: tuple, device: Any = None
+               ) -> None:
+    if transforms:
+      batches = [params["batch_dims"] for name, params in transforms
+                 if name == "batch"]
+      for lane in _lanes(tuple(sent), batches):
+        self(lane, (), device)
+    elif not self._gated or sent[1]:
+      self._deliver(of_site(self._site, sent[0].item(), self._value(sent),
+                            device))
 
 
 @dataclasses.dataclass(frozen=True)
@@ -108,17 +126,19 @@ class Emitter:
   select_ys: Optional[Callable[..., Any]] = None
   sample_every: int = 1
 
-  def _send(self, step: Any, sent: Callable[[], Any], *, path: str,
+  def _send(self, step: Any, sent: Callable[[], Any],
+            deliver: Callable[[TapEvent], None], *, path: str,
             total: Optional[int], kind: str,
             active: Optional[Callable[[], Any]] = None,
-            spec: Optional[PrimitiveTap] = None, gated: bool = True) -> None:
-    """Taps `sent()` (traced inside the gate) with `step`."""
+            gated: bool = True) -> None:
+    """Taps `sent()` (traced inside the gate) with `step`; the host makes
+    events and gives them to `deliver`."""
     def tap() -> None:
       leaves, treedef = jax.tree_util.tree_flatten(sent())
       extra = () if active is None else (active(),)
       host = _HostSide(path, total, kind, treedef, active is not None,
-                       self.sink, spec)
-      api.id_tap(host, (step, *extra, *leaves))
+                       deliver)
+      api.id_tap(host, (step, *extra, *leaves), tap_with_device=True)
 
     if gated and self.sample_every > 1:
       jax.lax.cond(step % self.sample_every == 0, tap, lambda: None)
@@ -129,16 +149,18 @@ class Emitter:
             active: Optional[Callable[[], Any]] = None) -> None:
     """After a loop step: its new carry (a tuple of leaves); `active()`, for
     a while_loop, whether the step is real."""
-    if self.sink.wants("carry"):
+    observer = self.sink.observer("carry")
+    if observer is not None:
       self._send(step, lambda: apply_select(self.select, carry, path),
-                 path=path, total=total, kind="carry", active=active)
+                 observer, path=path, total=total, kind="carry", active=active)
 
   def outputs(self, path: str, step: Any, ys: tuple,
               total: Optional[int]) -> None:
     """After a scan step: its outputs (a tuple of leaves)."""
-    if ys and self.sink.wants("output"):
+    observer = self.sink.observer("output")
+    if ys and observer is not None:
       self._send(step, lambda: apply_select(self.select_ys, ys, path),
-                 path=path, total=total, kind="output")
+                 observer, path=path, total=total, kind="output")
 
   def primitive(self, path: str, step: Any, outputs: tuple,
                 total: Optional[int], spec: PrimitiveTap,
@@ -154,5 +176,5 @@ class Emitter:
     else:
       watched = outputs
     self._send(step, lambda: apply_select(spec.select, watched, path),
-               path=path, total=total, kind="carry", spec=spec,
-               gated=in_loop)
+               functools.partial(self.sink.deliver_primitive, spec=spec),
+               path=path, total=total, kind="carry", gated=in_loop)

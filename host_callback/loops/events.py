@@ -4,10 +4,12 @@ primitive's outputs."""
 from __future__ import annotations
 
 import dataclasses
-from typing import Any, Optional
+from typing import Any, Optional, Tuple
+
+_new = object.__new__
 
 
-@dataclasses.dataclass(frozen=True)
+@dataclasses.dataclass(frozen=True, slots=True)
 class TapEvent:
   """One observation, delivered to `on_step` (carry and primitive taps) or
   `on_ys` (scan outputs).
@@ -22,9 +24,35 @@ class TapEvent:
     total: the enclosing scan's length; None for a `while_loop` and outside
       loops.
     kind: `"carry"` (carry and primitive taps) or `"output"` (scan outputs).
+    device: the `jax.Device` that ran the step (under `pmap`, each device
+      reports its own steps); None where unknown (an event read back by
+      `read_jsonl`, or made by hand). jax-tap's events have no such field.
   """
   path: str
   step: int
   value: Any
   total: Optional[int] = None
   kind: str = "carry"
+  device: Any = None
+
+
+
+_SETTERS = tuple(getattr(TapEvent, field.name).__set__
+                 for field in dataclasses.fields(TapEvent))
+
+
+def of_site(site: Tuple[str, Optional[int], str], step: int, value: Any,
+            device: Any) -> TapEvent:
+  """The event of a tap site whose `(path, total, kind)` is `site`: what a
+  tap's host function makes for every step, filling the slots as the
+  frozen `__init__` would without its per-field lookups."""
+  event = _new(TapEvent)
+  set_path, set_step, set_value, set_total, set_kind, set_device = _SETTERS
+  path, total, kind = site
+  set_path(event, path)
+  set_step(event, step)
+  set_value(event, value)
+  set_total(event, total)
+  set_kind(event, kind)
+  set_device(event, device)
+  return event

@@ -25,7 +25,9 @@ from .events import TapEvent
 from .primitive_taps import PrimitiveTap
 from .verbose import check_options, filters, instrumented
 
-_open: List["weakref.ref[_Block]"] = []  # the open blocks, innermost last
+# The open blocks, innermost last: replaced whole (under `_open_lock`), never
+# changed in place, so that a host function reads it without the lock.
+_open: Tuple["weakref.ref[_Block]", ...] = ()
 _open_lock = threading.Lock()
 
 
@@ -47,10 +49,12 @@ class _Block:
                alert: Optional[Callable[[TapEvent], Any]], alert_once: bool,
                on_ys: Optional[Observer],
                alert_ys: Optional[Callable[[TapEvent], Any]],
-               alert_ys_once: bool, **options: Any) -> None:
+               alert_ys_once: bool, max_events: Optional[int],
+               **options: Any) -> None:
     self._callbacks = (on_step, alert, alert_once, on_ys, alert_ys,
                        alert_ys_once)
     self._options = options
+    self._max_events = max_events
     self._wants_ys = bool(on_ys or alert_ys or options["select_ys"])
     self.observers: Optional[Observers] = None
     self.max_depth: Optional[int] = options["max_depth"]
@@ -64,7 +68,7 @@ class _Block:
           "host_callback.loops.record: a block is not re-entrant: this one "
           "is already open; make a new record() for each with statement")
     self._entered = True
-    recorder = FlightRecorder()
+    recorder = FlightRecorder(self._max_events)
     on_step, alert, alert_once, on_ys, alert_ys, alert_ys_once = (
         self._callbacks)
     self.observers = Observers.of(
@@ -72,8 +76,9 @@ class _Block:
         _both(recorder, on_ys) if self._wants_ys else None, alert_ys,
         alert_ys_once)
     self.owner = threading.get_ident()
+    global _open
     with _open_lock:
-      _open.append(weakref.ref(self, _forget))
+      _open = (*_open, weakref.ref(self, _forget))
       patching.install(_intercept)
     return recorder
 
@@ -85,10 +90,7 @@ class _Block:
       if exc_info[0] is None:
         api.barrier_wait()  # the outfeed mode: deliver what ran in the block
     finally:
-      with _open_lock:
-        _open[:] = [r for r in _open if r() not in (self, None)]
-        if not _open:
-          patching.uninstall()
+      _close(lambda block: block is self)
 
   def wants(self, kind: str) -> bool:
     return kind != "output" or self._wants_ys
@@ -102,21 +104,31 @@ class _Block:
         taps=o["taps"], first_index=next(self._numbers))
 
 
+def _close(closes: Callable[[_Block], bool]) -> None:
+  """The blocks that `closes` accepts (and those dropped) are no longer
+  open; lax is put back once none is."""
+  global _open
+  with _open_lock:
+    _open = tuple(r for r in _open
+                  if (block := r()) is not None and not closes(block))
+    if not _open:
+      patching.uninstall()
+
+
 def _forget(ref: "weakref.ref[_Block]") -> None:
   """A block dropped without closing: no longer open."""
-  with _open_lock:
-    if ref in _open:
-      _open.remove(ref)
-      if not _open:
-        patching.uninstall()
+  _close(lambda block: False)
 
 
 def _blocks() -> List[_Block]:
-  return [b for b in (r() for r in list(_open)) if b is not None]
+  return [b for b in (r() for r in _open) if b is not None]
 
 
 def _receiver(traced_by: _Block) -> Optional[_Block]:
   """The open block an event goes to, when it is delivered."""
+  opened = _open
+  if len(opened) == 1:
+    return opened[0]()
   blocks = _blocks()
   if len(blocks) <= 1:
     return blocks[0] if blocks else None
@@ -134,8 +146,8 @@ class _Router:
   def __init__(self, traced_by: _Block):
     self._traced_by = traced_by
 
-  def wants(self, kind: str) -> bool:
-    return self._traced_by.wants(kind)
+  def observer(self, kind: str) -> Optional[Observer]:
+    return self.deliver if self._traced_by.wants(kind) else None
 
   def _observers(self, event: TapEvent) -> Optional[Observers]:
     block = _receiver(self._traced_by)
@@ -183,7 +195,8 @@ def record(f: Optional[Callable[..., Any]] = None, *,
            taps: Sequence[PrimitiveTap] = (),
            on_step: Optional[Observer] = None,
            alert: Optional[Callable[[TapEvent], Any]] = None,
-           alert_once: bool = False
+           alert_once: bool = False,
+           max_events: Optional[int] = None
            ) -> Union[Tuple[Callable[..., Any], FlightRecorder], _Block]:
   """Records the events of unmodified code in a `FlightRecorder`::
 
@@ -194,7 +207,8 @@ def record(f: Optional[Callable[..., Any]] = None, *,
       g, rec = record(f)       # or: around a function, as `verbose`
 
   The options are `verbose`'s; `on_step` (and `on_ys`) hear every event as
-  well as the recorder. In a block, only loops traced in it report: a
+  well as the recorder. `max_events=N` keeps the last N events only
+  (`rec.dropped` counts the others), for long runs. In a block, only loops traced in it report: a
   function compiled before the block (a `jax.jit` cache hit) has no taps,
   and one compiled in a block keeps that block's `select`. The block waits
   for the taps of what ran in it (`barrier_wait`) when it closes.
@@ -205,8 +219,8 @@ def record(f: Optional[Callable[..., Any]] = None, *,
                   alert_ys=alert_ys, alert_ys_once=alert_ys_once, ops=ops,
                   sample_every=sample_every, where=where,
                   max_depth=max_depth, taps=tuple(taps), on_step=on_step,
-                  alert=alert, alert_once=alert_once)
-  recorder = FlightRecorder()
+                  alert=alert, alert_once=alert_once, max_events=max_events)
+  recorder = FlightRecorder(max_events)
   wants_ys = bool(on_ys or select_ys or alert_ys)
   sink = Observers.of(_both(recorder, on_step), alert, alert_once,
                       _both(recorder, on_ys) if wants_ys else None, alert_ys,
@@ -221,6 +235,4 @@ def emergency_restore() -> None:
   """Closes every `record` block and puts `jax.lax.scan` and
   `jax.lax.while_loop` back, e.g. after an interrupted session left a block
   open."""
-  with _open_lock:
-    _open.clear()
-    patching.uninstall()
+  _close(lambda block: True)
