@@ -36,7 +36,6 @@ class TapEvent:
   device: Any = None
 
 
-
 _SETTERS = tuple(getattr(TapEvent, field.name).__set__
                  for field in dataclasses.fields(TapEvent))
 
