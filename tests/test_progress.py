@@ -531,6 +531,52 @@ def test_a_print_after_pmap_stays_intact_beside_drawing_bars(both_modes,
     assert re.fullmatch(PMAP_FINAL_ROW.format(k=k), line), shown
 
 
+BARS_AT_EXIT = """
+import threading, time
+import jax, jax.numpy as jnp
+import host_callback as hcb
+from host_callback.tqdm import scan_tqdm
+
+monitors = []
+
+def look(i, transforms):  # while the bar is open
+  monitors.extend(type(t).__name__ for t in threading.enumerate()
+                  if type(t).__name__ == "TMonitor")
+
+@scan_tqdm(100, print_rate=10)
+def step(carry, i):
+  jax.lax.cond(i == 50, lambda: hcb.id_tap(look, i), lambda: i)
+  return carry + 1.0, None
+
+def slow(x, transforms):
+  time.sleep(0.3)
+
+@jax.jit
+def run(c):
+  hcb.id_tap(slow, c)
+  return jax.lax.scan(step, c, jnp.arange(100))[0]
+
+print(run(0.0))
+hcb.barrier_wait()
+print("monitors", monitors)
+print(run(1.0))  # the outfeed mode: its bar opens as the program exits
+"""
+
+
+def test_bars_start_no_tqdm_monitor_and_open_cleanly_at_exit(both_modes,
+                                                             transport):
+  """Taps redraw the bars: tqdm's monitor thread is not started, and a bar
+  that opens while the interpreter exits (Python 3.12 refuses new threads
+  then) draws without tqdm's warning."""
+  done = run_python(BARS_AT_EXIT, env=_mode_env(both_modes, transport))
+  assert done.returncode == 0, done.stderr
+  assert done.stdout == "100.0\nmonitors []\n101.0\n"
+  rows = done.stderr.splitlines()
+  assert len(rows) == 2, done.stderr
+  assert all(re.fullmatch(r"Running for 100 iterations: 100%.*", row)
+             for row in rows), done.stderr
+
+
 def test_id_print_writes_above_an_open_bar(both_modes, transport):
   shown = run_in_terminal("""
       import jax, jax.numpy as jnp

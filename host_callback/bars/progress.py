@@ -35,6 +35,7 @@ take it around each tap.
 from __future__ import annotations
 
 import dataclasses
+import functools
 import sys
 import threading
 from typing import Any, Dict, List, Optional, Set, Tuple
@@ -143,6 +144,22 @@ def _steps_by_id(steps: np.ndarray, ids: Optional[np.ndarray]
   return result
 
 
+@functools.lru_cache(maxsize=None)
+def _without_monitor(tqdm_class: Any) -> Any:
+  """`tqdm_class` whose bars start no monitor thread. Taps redraw our bars;
+  tqdm's monitor adds nothing, and it cannot start while the interpreter
+  exits, when the outfeed mode's last taps may open bars: tqdm then prints a
+  `TqdmMonitorWarning` over them. Callables that are not tqdm classes are
+  kept as they are."""
+  if not (isinstance(tqdm_class, type) and
+          getattr(tqdm_class, "monitor_interval", 0)):
+    return tqdm_class
+  return type(tqdm_class.__name__, (tqdm_class,),
+              {"monitor_interval": 0, "monitor": None,
+               "__module__": tqdm_class.__module__,
+               "__qualname__": tqdm_class.__qualname__})
+
+
 class Loop:
   """The bars of one decorated loop: how to make them, and the open ones.
 
@@ -166,7 +183,7 @@ class Loop:
     self.total = total
     self.ends_at_total = ends_at_total
     self.print_rate = print_rate
-    self.tqdm_class = tqdm_class
+    self.tqdm_class = _without_monitor(tqdm_class)
     self.on_screen = on_screen
     self.desc = desc
     self.position = position
