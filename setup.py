@@ -104,7 +104,7 @@ SOURCES = (
     "ffi_cuda.cc",
     "module.cc", "module_support.cc", "module_queues.cc", "module_cuda.cc",
     "module_testing.cc", "python_hooks.cc", "python_runner.cc",
-    "python_sites.cc", "python_memory.cc",
+    "python_sites.cc", "python_memory.cc", "python_dlpack.cc",
 )
 HEADERS = (
     "status.h", "packet.h", "waits.h", "block_pool.h", "device_queue.h",
@@ -114,6 +114,7 @@ HEADERS = (
     "cuda_api.h", "cuda_copies.h", "ffi_cuda.h",
     "module_support.h", "python_hooks.h", "python_limited.h",
     "python_memory.h", "python_runner.h", "python_sites.h",
+    "python_dlpack.h",
 )
 
 native = Extension(

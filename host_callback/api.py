@@ -374,11 +374,11 @@ def _result_avals(result_shape: Any) -> tuple[Any, tuple]:
   return treedef, tuple(avals)
 
 
-def _accepts_out(func: Callable[..., Any]) -> bool:
-  """Whether `func` has a parameter `out` that a keyword can give (a
-  `buffers=True` call then fills it in place)."""
+def _accepts(func: Callable[..., Any], keyword: str) -> bool:
+  """Whether `func` has a parameter `keyword` that a keyword can give (a
+  `buffers=True` call's `out`, which it fills in place, and `stream`)."""
   try:
-    parameter = inspect.signature(func).parameters.get("out")
+    parameter = inspect.signature(func).parameters.get(keyword)
   except (TypeError, ValueError):
     return False
   return parameter is not None and parameter.kind in (
@@ -428,8 +428,13 @@ def call(callback_func: Callable[..., Any], arg: Any, *,
       dtypes and on the CPU, taken without a conversion; or, when it has
       an `out` parameter, fills `out` (a pytree like `result_shape` of
       writable arrays, views of the device's result buffers where it runs
-      directly) in place and returns None. An extension; see "Buffers
-      without a copy" in the user guide for which paths copy.
+      directly) in place and returns None. On a GPU with the native
+      transport, where it runs directly, `arg` and `out` are the GPU's
+      buffers (they export DLPack and `__cuda_array_interface__`) and
+      returned arrays must be on that GPU. With a `stream` parameter it
+      gets `stream=`, the computation's `cudaStream_t` as an int there
+      (else None), on which to enqueue its GPU work. An extension; see
+      "Buffers without a copy" in the user guide for which paths copy.
 
   Returns:
     The host result, as JAX arrays shaped like `result_shape`.
@@ -449,7 +454,8 @@ def call(callback_func: Callable[..., Any], arg: Any, *,
       copy=_check_flag(copy, "copy", "call") and not buffers,
       partitioned=_check_flag(partitioned, "partitioned", "call"),
       with_shard=_check_flag(call_with_shard, "call_with_shard", "call"),
-      buffers=buffers, fills_out=buffers and _accepts_out(callback_func)))
+      buffers=buffers, fills_out=buffers and _accepts(callback_func, "out"),
+      with_stream=buffers and _accepts(callback_func, "stream")))
   out = primitive.bind(arg_leaves, function=function,
                        num_args=len(arg_leaves), device_index=device_index)
   return jax.tree_util.tree_unflatten(result_treedef, out)

@@ -9,8 +9,8 @@ import functools
 import logging
 import os
 import threading
-from typing import (Callable, Deque, Dict, FrozenSet, List, Mapping, Optional,
-                    Sequence, Set, Tuple)
+from typing import (Any, Callable, Deque, Dict, FrozenSet, List, Mapping,
+                    Optional, Sequence, Set, Tuple)
 
 import numpy as np
 
@@ -141,15 +141,19 @@ class Runtime:
       self.blocking_calls.start()
 
   def run_direct(self, name: str, consumer_id: int, device_id: int,
-                 arrays: List[np.ndarray],
-                 outputs: Optional[Sequence[np.ndarray]] = None
-                 ) -> Optional[Sequence[np.ndarray]]:
+                 arrays: List[Any],
+                 outputs: Optional[Sequence[Any]] = None,
+                 stream: Optional[int] = None
+                 ) -> Optional[Sequence[Any]]:
     """Runs a consumer on the calling device thread, as its receiver thread
     would (for the queue of transport `name`): an error is recorded, then
     raised as `DirectRunError`. Once the process ends (`abandon`), fails.
     `outputs`, the device's result buffers lent to a call's consumer (the
     native runner lends them to a copy=False site's), go to the consumer,
-    which may fill them and return views of them."""
+    which may fill them and return views of them. On a GPU (a buffers=True
+    site's call) `arrays` and `outputs` are `device_buffers.CudaBuffer`s
+    and `stream` the computation's, which the consumer also gets; it
+    writes the results into `outputs` on that stream."""
     runs = self.runs.of(name, device_id)
     if not runs.begin(queued=False):
       raise ReceiverStopped("host_callback: the process is ending after "
@@ -160,7 +164,9 @@ class Runtime:
       consumer = self.registry.get(consumer_id)
       if outputs is None:
         return consumer(arrays, device_id)
-      return consumer(arrays, device_id, outputs)
+      if stream is None:
+        return consumer(arrays, device_id, outputs)
+      return consumer(arrays, device_id, outputs, stream)
     except BaseException as error:  # pylint: disable=broad-except
       self.errors.record(error, delivered=True)  # the device fails with it
       raise DirectRunError(error, self.registry.context(consumer_id),

@@ -77,8 +77,9 @@ class DirectRunError(Exception):
 
 
 # Runs a request's host function on the calling device thread:
-# `run(consumer_id, device_id, arrays[, outputs])` returns its results (None
-# for none; views of the lent `outputs` once it filled them) or raises
+# `run(consumer_id, device_id, arrays[, outputs[, stream]])` returns its
+# results (None for none; views of the lent `outputs` once it filled them;
+# a GPU's `stream` with its buffers, device_buffers.py) or raises
 # `DirectRunError` (receiver/lifecycle.py:Runtime.run_direct).
 DirectRun = Callable[..., Optional[Sequence[np.ndarray]]]
 

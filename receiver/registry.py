@@ -12,7 +12,8 @@ import numpy as np
 # the arrays of the reply (for a `call`) or None (for a tap). A call's
 # consumer run directly may also get `outputs`, the device's result buffers
 # as writable bytes (Runtime.run_direct), and return views of them once it
-# filled them.
+# filled them; on a GPU, also the computation's `stream`, with its arrays
+# and outputs the GPU's buffers (device_buffers.CudaBuffer).
 Consumer = Callable[..., Optional[Sequence[np.ndarray]]]
 # What names a consumer in errors; a function when the consumer runs
 # different host functions (it is called right after one raised, there).

@@ -40,12 +40,14 @@ class Producer(Protocol):
 
   def register_site(self, consumer_id: int, dtypes: Sequence[np.dtype],
                     shapes: Sequence[Tuple[int, ...]], *, name: str = "",
-                    copy: bool = True, packed_results: bool = False) -> int:
+                    copy: bool = True, packed_results: bool = False,
+                    buffers: bool = False) -> int:
     """The id that a callback site's packets carry: its consumer and the
     dtypes and shapes of its arrays. `name` is the host function's, `copy`
-    False gives it read-only arrays (views where the transport can), and
+    False gives it read-only arrays (views where the transport can),
     `packed_results`: a call's results include dtypes packed below a byte
-    (`native_wire.packed_bits`)."""
+    (`native_wire.packed_bits`), and `buffers`: a call that takes the
+    device's buffers where the transport can (a GPU's, `device_buffers`)."""
 
   def unregister_site(self, site: int) -> None:
     """Frees a site that no executable uses any more; its id is not reused."""

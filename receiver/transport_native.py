@@ -20,7 +20,7 @@ from typing import Callable, Deque, Dict, List, Optional, Sequence, Tuple
 
 import numpy as np
 
-from . import native_sites, native_wire
+from . import device_buffers, native_sites, native_wire
 from .native_decode import decode
 from .native_library import native
 # What the JAX side needs besides the Transport, to emit the native ops and
@@ -187,9 +187,11 @@ class NativeTransport:
 
   def register_site(self, consumer_id: int, dtypes: Sequence[np.dtype],
                     shapes: Sequence[Tuple[int, ...]], *, name: str = "",
-                    copy: bool = True, packed_results: bool = False) -> int:
+                    copy: bool = True, packed_results: bool = False,
+                    buffers: bool = False) -> int:
     return native_sites.register_site(consumer_id, dtypes, shapes, name=name,
-                                     copy=copy, packed_results=packed_results)
+                                     copy=copy, packed_results=packed_results,
+                                     buffers=buffers)
 
   def unregister_site(self, site_id: int) -> None:
     """Frees a site's layout, here and in the module; see
@@ -203,12 +205,13 @@ class NativeTransport:
 
   def clear_restart_hook(self) -> None:
     native.set_restart_hook(None)
-    native.set_direct_runner(None, None)
+    native.set_direct_runner(None, None, None)
     native.set_nested_consumer(None)
     native.set_interrupt_thread(0)
 
   def set_direct_runner(self, run: DirectRun) -> None:
-    native.set_direct_runner(run, native_wire.wire_array)
+    native.set_direct_runner(run, native_wire.wire_array,
+                             device_buffers.CudaBuffer)
 
   def set_nested_consumer(self, consume: Callable[[int], None]) -> None:
     native.set_nested_consumer(consume)

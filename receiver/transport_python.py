@@ -59,8 +59,10 @@ class PythonTransport:
 
   def register_site(self, consumer_id: int, dtypes: Sequence[np.dtype],
                     shapes: Sequence[Tuple[int, ...]], *, name: str = "",
-                    copy: bool = True, packed_results: bool = False) -> int:
-    del dtypes, shapes, name, packed_results  # the arrays arrive with theirs
+                    copy: bool = True, packed_results: bool = False,
+                    buffers: bool = False) -> int:
+    # The arrays arrive with theirs; JAX's callbacks copy a GPU's buffers.
+    del dtypes, shapes, name, packed_results, buffers
     with self._lock:
       self._sites.append((consumer_id, not copy))
       return len(self._sites) - 1

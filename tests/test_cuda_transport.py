@@ -46,7 +46,7 @@ def standin(tmp_path_factory):
 
 @pytest.mark.parametrize("scenario", [
     "order", "bound", "failures", "barrier", "stop", "call", "large_calls",
-    "exit_pending"])
+    "exit_pending", "buffers"])
 def test_cuda_host_side(standin, scenario):
   """order: taps in flight land in order with their bytes, pool blocks are
   reused only after their copies, an idle landing thread burns no CPU;
@@ -54,7 +54,9 @@ def test_cuda_host_side(standin, scenario):
   call is an error naming it, nothing left half-enqueued; barrier and stop
   with copies pending; call: copy in, reply, copy out; large_calls: calls
   larger than the bound pin no new memory after the first; exit_pending:
-  the interpreter exits with copies pending."""
+  the interpreter exits with copies pending; buffers: a buffers=True call
+  on the GPU's own buffers (exports, stream=, out=, a result copied on
+  the device, errors) and behind a tap in flight."""
   env = dict(os.environ, HOST_CALLBACK_ALLOW_CUDA_STANDIN="1",
              JAX_PLATFORMS="cpu")
   done = subprocess.run(

@@ -32,27 +32,29 @@ def _register(dtypes, shapes, **options):
   return native_sites.register_site(
       consumer_id=10**9, dtypes=dtypes, shapes=shapes,
       name="test_native_sites", **{"copy": True, "packed_results": False,
-                                   **options})
+                                   "buffers": False, **options})
 
 
 @pytest.mark.parametrize("layout", sorted(_LAYOUTS))
 def test_the_module_s_two_copies_say_what_native_sites_says(layout):
   dtypes, shapes = _LAYOUTS[layout]
   site_id = _register(dtypes, shapes, copy=False,
-                      packed_results=True)
+                      packed_results=True, buffers=True)
   try:
     site = native_sites.sites[site_id]
     sizes = [column.nbytes for column in site.columns]
     runner = native._testing_runner_site(site_id)
     assert runner is not None
-    r_dtypes, r_shapes, r_sizes, r_unpackers, r_copy, r_pack = runner
+    r_dtypes, r_shapes, r_sizes, r_unpackers, r_copy, r_pack, r_buffers = (
+        runner)
     assert r_dtypes == [column.dtype for column in site.columns]
     assert r_shapes == [column.shape for column in site.columns]
     assert r_sizes == sizes
     assert [u is not None for u in r_unpackers] == [
         column.packed_bits is not None for column in site.columns]
-    assert (r_copy, r_pack) == (not site.read_only, True)
-    native._testing_check_site_sizes(site_id, sizes)  # the devices' copy
+    assert (r_copy, r_pack, r_buffers) == (not site.read_only, True, True)
+    # The devices' copy: the sizes, and that the site takes buffers.
+    assert native._testing_check_site_sizes(site_id, sizes) is site.buffers
     with pytest.raises(RuntimeError, match="expects arrays of"):
       native._testing_check_site_sizes(site_id, sizes[:-1] + [sizes[-1] + 1])
   finally:

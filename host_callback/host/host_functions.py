@@ -86,7 +86,9 @@ class HostFunction:
   gets `shard=`, from `shard_table` where the value is split. `buffers`
   (a call's, with `copy` False): the results are taken as the function
   returns them (arrays that export DLPack, exactly as `result_avals`
-  says), or, with `fills_out`, the function fills `out=` in place.
+  says), or, with `fills_out`, the function fills `out=` in place;
+  `with_stream`: it gets `stream=`, the GPU's stream where it runs on a
+  GPU's buffers, else None.
   `consumer_context`: set where `func` is a consumer already, which names
   the context of its errors itself (the eager ops' dispatcher, eager.py).
   """
@@ -102,6 +104,7 @@ class HostFunction:
   shard_table: Optional[ShardTable] = None
   buffers: bool = False
   fills_out: bool = False
+  with_stream: bool = False
   consumer_context: Optional[Callable[[], str]] = None
 
   @property
@@ -113,7 +116,8 @@ class HostFunction:
     return (self.arg_treedef, self.with_device, self.is_call,
             self.result_treedef, self.result_avals, self.copy,
             self.partitioned, self.with_shard, self.shard_table,
-            self.buffers, self.fills_out, self.consumer_context)
+            self.buffers, self.fills_out, self.with_stream,
+            self.consumer_context)
 
 
 def _hash_of(func: Callable[..., Any]) -> int:
@@ -374,24 +378,28 @@ _DLPACK_CPU = 1  # DLPack's kDLCPU
 def _buffers_consumer(function: HostFunction,
                       argument: Callable[[Sequence[np.ndarray]], Any],
                       device_kwargs: Callable[..., Dict[str, Any]]
-                      ) -> Callable[..., Optional[Sequence[np.ndarray]]]:
+                      ) -> Callable[..., Optional[Sequence[Any]]]:
   """The consumer of a `buffers=True` call. With `out=`, the function fills
   the `outputs` that a direct run lends (writable bytes of the device's
-  result buffers, viewed here as `result_avals`), which are then its results
+  result buffers, typed here as `result_avals`), which are then its results
   and are not copied; else new arrays, which the transport copies once into
-  the device's buffers."""
-  func, avals = function.func, function.result_avals
+  the device's buffers. On a GPU (`stream` given) its arrays and outputs
+  are the GPU's buffers (`device_buffers.CudaBuffer`), and returned arrays
+  are copied into the outputs on the stream."""
+  func = function.func
 
-  def call(arrays: Sequence[np.ndarray], device_id: int,
-           outputs: Optional[Sequence[np.ndarray]] = None
-           ) -> Optional[Sequence[np.ndarray]]:
+  def call(arrays: Sequence[Any], device_id: int,
+           outputs: Optional[Sequence[Any]] = None,
+           stream: Optional[int] = None) -> Optional[Sequence[Any]]:
     kwargs = device_kwargs(device_id, arrays)  # shared: not to be changed
+    if function.with_stream:
+      kwargs = {**kwargs, "stream": stream}
     if not function.fills_out:
       result = _run_call(function, device_id, func, argument(arrays), kwargs)
+      if stream is not None:
+        return _copied_on_device(function, result, outputs)
       return _exported_results(function, result)
-    outs = ([raw.view(a.dtype).reshape(a.shape)
-             for raw, a in zip(outputs, avals)] if outputs is not None
-            else [np.empty(a.shape, a.dtype) for a in avals])
+    outs = _out_buffers(function.result_avals, outputs)
     out = jax.tree_util.tree_unflatten(function.result_treedef, outs)
     result = _run_call(function, device_id, func, argument(arrays),
                        {**kwargs, "out": out})
@@ -399,6 +407,39 @@ def _buffers_consumer(function: HostFunction,
     return outs
 
   return call
+
+
+def _out_buffers(avals: Sequence[jax.core.ShapedArray],
+                 outputs: Optional[Sequence[Any]]) -> List[Any]:
+  """`out=`'s leaves: the lent result buffers (host bytes, or a GPU's
+  buffers) typed as `avals`, or new arrays where none were lent."""
+  if outputs is None:
+    return [np.empty(a.shape, a.dtype) for a in avals]
+  return [raw.view(a.dtype).reshape(a.shape) if isinstance(raw, np.ndarray)
+          else raw.typed(a.dtype, a.shape)
+          for raw, a in zip(outputs, avals)]
+
+
+def _copied_on_device(function: HostFunction, result: Any,
+                      outputs: Sequence[Any]) -> List[Any]:
+  """The results of a `buffers=True` call on a GPU, copied into the lent
+  result buffers on the GPU's stream, or CallError when one is not an
+  array on that GPU exactly as `result_shape` says."""
+  leaves, treedef = jax.tree_util.tree_flatten(result)
+  if treedef != function.result_treedef:
+    raise _structure_error(function, leaves, treedef)
+  buffers = _out_buffers(function.result_avals, outputs)
+  for leaf, aval, buffer in zip(leaves, function.result_avals, buffers):
+    try:
+      buffer.copy_from(leaf)
+    except (TypeError, ValueError) as error:
+      raise CallError(
+          f"host_callback.call: {function.name} returned {error} where "
+          f"result_shape expects {_describe(aval.dtype, aval.shape)} on GPU "
+          f"{buffer.gpu}; with buffers=True on a GPU, return arrays on that "
+          "GPU that export __cuda_array_interface__ (CuPy, PyTorch, Numba), "
+          "with that shape and dtype, or fill out=") from error
+  return buffers
 
 
 def _check_filled(function: HostFunction, result: Any, out: Any) -> None:

@@ -111,7 +111,7 @@ def register_site(producer: Transport, function: HostFunction,
   """A new site of `producer` for `function` under `transforms`."""
   site = producer.register_site(
       register(function, transforms), dtypes, shapes, name=function.name,
-      copy=function.copy,
+      copy=function.copy, buffers=function.buffers,
       packed_results=any(
           native_wire.packed_bits(np.dtype(a.dtype)) is not None
           for a in function.result_avals))

@@ -135,4 +135,37 @@ std::string CudaFailure(const CudaApi& api, const char* call,
          (text != nullptr ? text : "?") + ") " + what;
 }
 
+namespace {
+
+Status NoRuntime() {
+  return Failure(Code::kFailedPrecondition,
+                 "host_callback: a GPU buffer was used before the CUDA "
+                 "runtime was loaded");
+}
+
+}  // namespace
+
+Status CopyOnDevice(void* dst, const void* src, size_t bytes,
+                    cuda::Stream stream) {
+  const CudaApi* api = GetCudaApi();
+  if (api == nullptr) return NoRuntime();
+  const cuda::Error error = api->cudaMemcpyAsync(
+      dst, src, bytes, cuda::kMemcpyDeviceToDevice, stream);
+  if (error == cuda::kSuccess) return Status();
+  return Failure(Code::kInternal,
+                 CudaFailure(*api, "cudaMemcpyAsync", error,
+                             "copying a buffers=True call's result on the "
+                             "GPU"));
+}
+
+Status SynchronizeStream(cuda::Stream stream) {
+  const CudaApi* api = GetCudaApi();
+  if (api == nullptr) return NoRuntime();
+  const cuda::Error error = api->cudaStreamSynchronize(stream);
+  if (error == cuda::kSuccess) return Status();
+  return Failure(Code::kInternal,
+                 CudaFailure(*api, "cudaStreamSynchronize", error,
+                             "waiting for a GPU buffer's stream"));
+}
+
 }  // namespace hcb

@@ -33,6 +33,7 @@ constexpr Error kSuccess = 0;              // cudaSuccess
 constexpr Error kNotReady = 600;           // cudaErrorNotReady
 constexpr int kMemcpyHostToDevice = 1;     // cudaMemcpyHostToDevice
 constexpr int kMemcpyDeviceToHost = 2;     // cudaMemcpyDeviceToHost
+constexpr int kMemcpyDeviceToDevice = 3;   // cudaMemcpyDeviceToDevice
 constexpr unsigned kHostAllocPortable = 1; // cudaHostAllocPortable
 constexpr unsigned kEventBlockingSync = 1; // cudaEventBlockingSync
 constexpr unsigned kEventDisableTiming = 2;  // cudaEventDisableTiming
@@ -69,6 +70,15 @@ Status LoadCudaApi(const char* path);
 // `hcb_cuda_standin_fill(CudaApi*)`), allowed only when the environment has
 // HOST_CALLBACK_ALLOW_CUDA_STANDIN=1 and no real runtime was loaded.
 Status InstallCudaStandIn(const char* path);
+
+// A buffers=True call's result, copied on `stream` from the GPU memory a
+// host function returned into the device's result buffer (python_runner.cc,
+// through the module's cuda_copy_on_device). Fails naming the call.
+Status CopyOnDevice(void* dst, const void* src, size_t bytes,
+                    cuda::Stream stream);
+// Waits for the work enqueued on `stream` (an array that a host function
+// exports or returns was made on another stream). Fails naming the call.
+Status SynchronizeStream(cuda::Stream stream);
 
 // "host_callback: <call> failed (<cudaErrorName>: <description>) <what>":
 // the message of a failed CUDA call.

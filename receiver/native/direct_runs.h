@@ -29,7 +29,9 @@ namespace hcb {
 
 // What a direct runner is asked to do: run the host function of `site` on
 // the arrays `args` (device buffers, valid during the call) and write its
-// results into `outputs` (the device's result buffers).
+// results into `outputs` (the device's result buffers). With `gpu` set
+// (a buffers=True site's call on GPU `gpu`, hub.cc:Hub::CudaCall), the
+// buffers are that GPU's memory and `stream` the computation's stream.
 struct DirectRequest {
   int64_t device_id;
   int64_t site;
@@ -37,6 +39,8 @@ struct DirectRequest {
   size_t num_args;
   const Span* outputs;
   size_t num_outputs;
+  int64_t gpu = -1;  // -1: host memory
+  void* stream = nullptr;
 };
 
 // What became of a direct run.

@@ -142,6 +142,11 @@ Status Hub::CudaSend(int64_t ordinal, void* stream, int64_t site,
 Status Hub::CudaCall(int64_t ordinal, void* stream, int64_t site,
                      const Span* arrays, size_t num_arrays,
                      const Span* outputs, size_t num_outputs) {
+  Status direct;
+  if (CudaBuffersCall(ordinal, stream, site, arrays, num_arrays, outputs,
+                      num_outputs, &direct)) {
+    return direct;
+  }
   std::vector<Span> host_in(num_arrays), host_out(num_outputs);
   Block* in = nullptr;
   if (Status status = cuda_.CopyIn(ordinal, stream, arrays, num_arrays, &in,
@@ -163,6 +168,19 @@ Status Hub::CudaCall(int64_t ordinal, void* stream, int64_t site,
   }
   return cuda_.CopyOut(ordinal, stream, out, host_out.data(), outputs,
                        num_outputs);
+}
+
+bool Hub::CudaBuffersCall(int64_t ordinal, void* stream, int64_t site,
+                          const Span* arrays, size_t num_arrays,
+                          const Span* outputs, size_t num_outputs,
+                          Status* status) {
+  if (!sites_.TakesBuffers(site)) return false;
+  const int64_t queue_id = CudaQueueId(ordinal);
+  return direct_runs_.TryRun(
+      Queue(queue_id),
+      DirectRequest{queue_id, site, arrays, num_arrays, outputs, num_outputs,
+                    ordinal, stream},
+      status);
 }
 
 }  // namespace hcb

@@ -79,8 +79,10 @@ class Hub {
   // once the copy landed.
   Status CudaSend(int64_t ordinal, void* stream, int64_t site,
                   const Span* arrays, size_t num_arrays);
-  // A call from GPU `ordinal`: its arguments copied in (waiting for that
-  // copy only), the request as Call makes it, its results copied out.
+  // A call from GPU `ordinal`: a buffers=True site's runs directly on the
+  // GPU's buffers and `stream` when the queue is idle (CudaBuffersCall);
+  // otherwise its arguments are copied in (waiting for that copy only),
+  // the request made as Call makes it, its results copied out.
   Status CudaCall(int64_t ordinal, void* stream, int64_t site,
                   const Span* arrays, size_t num_arrays, const Span* outputs,
                   size_t num_outputs);
@@ -103,6 +105,13 @@ class Hub {
   // A request made on its device's consumer thread, inside a host function:
   // queued, and served by this thread (the NestedConsumer) after what the
   // device sent before it.
+  // A buffers=True site's call from GPU `ordinal` run directly on the
+  // device's buffers, when its queue is idle (no tap in flight or waiting,
+  // so the order holds); false when it did not run.
+  bool CudaBuffersCall(int64_t ordinal, void* stream, int64_t site,
+                       const Span* arrays, size_t num_arrays,
+                       const Span* outputs, size_t num_outputs,
+                       Status* status);
   Status CallOnConsumer(int64_t device_id, DeviceQueue* queue, int64_t site,
                         const Span* arrays, size_t num_arrays,
                         const Span* outputs, size_t num_outputs);

@@ -1,17 +1,21 @@
 // The module's functions over the CUDA transport (cuda_api.h,
 // cuda_copies.h, ffi_cuda.cc): its FFI handlers, loading the CUDA runtime,
-// and its statistics. Built without CUDA: nothing here runs on a machine
+// its statistics, and what a buffers=True call's GPU buffers need
+// (receiver/device_buffers.py): DLPack exports (python_dlpack.h), the copy
+// of a result on the device and a stream's synchronization. Built without CUDA: nothing here runs on a machine
 // without a GPU unless a test installs the stand-in (module_testing.cc).
 
 #include "module_support.h"
 
 #include <cstdint>
 #include <string>
+#include <vector>
 
 #include "cuda_api.h"
 #include "ffi_cuda.h"
 #include "ffi_targets.h"
 #include "hub.h"
+#include "python_dlpack.h"
 
 namespace hcb::python {
 namespace {
@@ -50,6 +54,47 @@ PyObject* CudaPoolStats(PyObject*, PyObject*) {
                        static_cast<long long>(out[3]));
 }
 
+// dlpack_capsule(owner, address, shape, code, bits, device_type,
+// device_id, read_only, versioned): a capsule over that memory that holds
+// `owner`.
+PyObject* DlpackCapsuleBinding(PyObject*, PyObject* args) {
+  PyObject *owner, *shape;
+  unsigned long long address;
+  int code, bits, device_type, device_id, read_only, versioned;
+  if (!PyArg_ParseTuple(args, "OKOiiiipp", &owner, &address, &shape, &code,
+                        &bits, &device_type, &device_id, &read_only,
+                        &versioned)) {
+    return nullptr;
+  }
+  DlpackView view{reinterpret_cast<void*>(address), {},
+                  static_cast<uint8_t>(code), static_cast<uint8_t>(bits),
+                  device_type, device_id, read_only != 0};
+  if (!Int64s(shape, &view.shape)) return nullptr;
+  return DlpackCapsule(owner, view, versioned != 0);
+}
+
+// cuda_copy_on_device(dst, src, bytes, stream): a copy enqueued on the
+// stream, GPU memory to GPU memory.
+PyObject* CudaCopyOnDevice(PyObject*, PyObject* args) {
+  unsigned long long dst, src, bytes, stream;
+  if (!PyArg_ParseTuple(args, "KKKK", &dst, &src, &bytes, &stream)) {
+    return nullptr;
+  }
+  return NoneOrRaise(hcb::CopyOnDevice(
+      reinterpret_cast<void*>(dst), reinterpret_cast<const void*>(src),
+      static_cast<size_t>(bytes), reinterpret_cast<void*>(stream)));
+}
+
+PyObject* CudaSynchronize(PyObject*, PyObject* arg) {
+  const unsigned long long stream = PyLong_AsUnsignedLongLong(arg);
+  if (PyErr_Occurred()) return nullptr;
+  hcb::Status status;
+  WithoutGil([&] {
+    status = hcb::SynchronizeStream(reinterpret_cast<void*>(stream));
+  });
+  return NoneOrRaise(status);
+}
+
 }  // namespace
 
 PyMethodDef kCudaMethods[] = {
@@ -57,6 +102,9 @@ PyMethodDef kCudaMethods[] = {
     {"cuda_load", CudaLoad, METH_VARARGS, nullptr},
     {"cuda_stats", CudaStats, METH_O, nullptr},
     {"cuda_pool_stats", CudaPoolStats, METH_NOARGS, nullptr},
+    {"dlpack_capsule", DlpackCapsuleBinding, METH_VARARGS, nullptr},
+    {"cuda_copy_on_device", CudaCopyOnDevice, METH_VARARGS, nullptr},
+    {"cuda_synchronize", CudaSynchronize, METH_O, nullptr},
     {nullptr, nullptr, 0, nullptr},
 };
 

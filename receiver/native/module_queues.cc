@@ -59,19 +59,21 @@ PyObject* WakeConsumers(PyObject*, PyObject*) {
 PyObject* RegisterSiteBinding(PyObject*, PyObject* args) {
   long long site;
   PyObject *sizes_list, *entry, *name, *dtypes, *shapes, *unpackers;
-  int copy, pack_results;
-  if (!PyArg_ParseTuple(args, "LOOUOOOpp", &site, &sizes_list, &entry, &name,
-                        &dtypes, &shapes, &unpackers, &copy, &pack_results)) {
+  int copy, pack_results, buffers;
+  if (!PyArg_ParseTuple(args, "LOOUOOOppp", &site, &sizes_list, &entry, &name,
+                        &dtypes, &shapes, &unpackers, &copy, &pack_results,
+                        &buffers)) {
     return nullptr;
   }
   std::vector<int64_t> sizes;
   if (!Int64s(sizes_list, &sizes)) return nullptr;
   if (!hcb::python::RegisterSite(site, sizes, entry, name, dtypes, shapes,
-                                 unpackers, copy != 0, pack_results != 0)) {
+                                 unpackers, copy != 0, pack_results != 0,
+                                 buffers != 0)) {
     return nullptr;
   }
   return CatchToPython([&] {
-    hub().sites().Register(site, sizes);
+    hub().sites().Register(site, sizes, buffers != 0);
     Py_RETURN_NONE;
   });
 }

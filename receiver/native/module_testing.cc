@@ -123,7 +123,7 @@ PyObject* TestingConsumingOnThisThread(PyObject*, PyObject* arg) {
 }
 
 // The direct runner's copy of a site (python_sites.h): (dtypes, shapes,
-// byte sizes, unpackers, copy, pack_results), or None.
+// byte sizes, unpackers, copy, pack_results, buffers), or None.
 PyObject* TestingRunnerSite(PyObject*, PyObject* arg) {
   const long long site_id = PyLong_AsLongLong(arg);
   if (PyErr_Occurred()) return nullptr;
@@ -157,13 +157,15 @@ PyObject* TestingRunnerSite(PyObject*, PyObject* arg) {
     PyList_SetItem(sizes, i, PyLong_FromLongLong(column.nbytes));
     PyList_SetItem(unpackers, i, unpack);
   }
-  return Py_BuildValue("(NNNNOO)", dtypes, shapes, sizes, unpackers,
+  return Py_BuildValue("(NNNNOOO)", dtypes, shapes, sizes, unpackers,
                        site->copy ? Py_True : Py_False,
-                       site->pack_results ? Py_True : Py_False);
+                       site->pack_results ? Py_True : Py_False,
+                       site->buffers ? Py_True : Py_False);
 }
 
 // Whether the device threads' copy of a site (site_sizes.h) accepts arrays
-// of these byte sizes: None, else raises with SiteSizes::Check's error.
+// of these byte sizes: whether it takes buffers, else raises with
+// SiteSizes::Check's error.
 PyObject* TestingCheckSiteSizes(PyObject*, PyObject* args) {
   long long site_id;
   PyObject* sizes_list;
@@ -173,8 +175,10 @@ PyObject* TestingCheckSiteSizes(PyObject*, PyObject* args) {
   std::vector<hcb::Span> spans;
   for (int64_t size : sizes) spans.push_back({nullptr, size});
   return CatchToPython([&] {
-    return NoneOrRaise(
-        hub().sites().Check(site_id, spans.data(), spans.size()));
+    hcb::Status status = hub().sites().Check(site_id, spans.data(),
+                                             spans.size());
+    if (!status.ok()) return NoneOrRaise(status);
+    return PyBool_FromLong(hub().sites().TakesBuffers(site_id));
   });
 }
 

@@ -93,14 +93,16 @@ PyObject* SetNestedConsumer(PyObject*, PyObject* callable) {
 }
 
 PyObject* SetDirectRunner(PyObject*, PyObject* args) {
-  PyObject *runner, *wire;
-  if (!PyArg_ParseTuple(args, "OO", &runner, &wire)) return nullptr;
+  PyObject *runner, *wire, *device_buffer;
+  if (!PyArg_ParseTuple(args, "OOO", &runner, &wire, &device_buffer)) {
+    return nullptr;
+  }
   DirectRuns& direct_runs = Hub::Get().direct_runs();
-  if (runner == Py_None || wire == Py_None) {
+  if (runner == Py_None || wire == Py_None || device_buffer == Py_None) {
     direct_runs.set_runner(nullptr);
-    SetRunner(nullptr, nullptr);
+    SetRunner(nullptr, nullptr, nullptr);
   } else {
-    SetRunner(runner, wire);
+    SetRunner(runner, wire, device_buffer);
     direct_runs.set_runner(Run);
   }
   Py_RETURN_NONE;

@@ -24,6 +24,7 @@ namespace {
 
 PyObject* runner = nullptr;  // owned references, or null
 PyObject* wire = nullptr;
+PyObject* device_buffer = nullptr;
 
 // Arguments of a large request are copied into one block of the hub's pool
 // (memory already touched: no page faults), as large packets are.
@@ -218,6 +219,73 @@ PyObject* Outputs(const DirectRequest& request, std::vector<PyObject*>* views) {
   return outputs;
 }
 
+// A GPU's buffer at `data`, as the factory makes it (`device_buffer(address,
+// dtype, shape, gpu, stream, writable)`), with a reference in `views`, to
+// check after the run.
+PyObject* GpuBuffer(const DirectRequest& request, void* data,
+                    PyArray_Descr* descr, const std::vector<npy_intp>& dims,
+                    bool writable, std::vector<PyObject*>* views) {
+  PyObject* shape = PyTuple_New(static_cast<Py_ssize_t>(dims.size()));
+  for (size_t d = 0; shape != nullptr && d < dims.size(); ++d) {
+    PyTuple_SetItem(shape, static_cast<Py_ssize_t>(d),
+                    PyLong_FromLongLong(dims[d]));
+  }
+  PyObject* buffer =
+      shape == nullptr
+          ? nullptr
+          : PyObject_CallFunction(
+                device_buffer, "KONLKO",
+                static_cast<unsigned long long>(
+                    reinterpret_cast<uintptr_t>(data)),
+                reinterpret_cast<PyObject*>(descr), shape,
+                static_cast<long long>(request.gpu),
+                static_cast<unsigned long long>(
+                    reinterpret_cast<uintptr_t>(request.stream)),
+                writable ? Py_True : Py_False);
+  if (buffer != nullptr) {
+    Py_INCREF(buffer);
+    views->push_back(buffer);
+  }
+  return buffer;
+}
+
+// A GPU's buffers (request.gpu set): the arguments, read-only (`writable`
+// false, shaped as the site's columns), or the result buffers, writable
+// bytes, as a tuple.
+PyObject* GpuBuffers(const Site& site, const DirectRequest& request,
+                     bool writable, std::vector<PyObject*>* views) {
+  const size_t count = writable ? request.num_outputs : request.num_args;
+  PyObject* buffers = PyTuple_New(static_cast<Py_ssize_t>(count));
+  PyArray_Descr* bytes = writable ? PyArray_DescrFromType(NPY_UINT8) : nullptr;
+  for (size_t i = 0; buffers != nullptr && i < count; ++i) {
+    PyObject* buffer =
+        writable ? GpuBuffer(request, request.outputs[i].data, bytes,
+                             {static_cast<npy_intp>(request.outputs[i].bytes)},
+                             true, views)
+                 : GpuBuffer(request, request.args[i].data,
+                             site.columns[i].descr, site.columns[i].dims,
+                             false, views);
+    if (buffer == nullptr) {
+      Py_CLEAR(buffers);
+    } else {
+      PyTuple_SetItem(buffers, static_cast<Py_ssize_t>(i), buffer);
+    }
+  }
+  Py_XDECREF(reinterpret_cast<PyObject*>(bytes));
+  return buffers;
+}
+
+// Whether a GPU's buffers can be handed over: a buffers=True site with no
+// dtype packed below a byte (which DLPack cannot describe); else the
+// request takes the copies' path.
+bool TakesGpuBuffers(const Site& site) {
+  if (!site.buffers || site.pack_results) return false;
+  for (const Column& column : site.columns) {
+    if (column.unpack != nullptr) return false;
+  }
+  return true;
+}
+
 // Writes the results into the device's buffers; false with `error` set when
 // they do not fit.
 bool WriteResults(const Site& site, PyObject* results,
@@ -304,8 +372,14 @@ void CollectFilled(PyObject* results, const DirectRequest& request,
 
 // Gives a view that the host function kept a private copy of its data, so
 // that reading it later reads what it showed (the device's buffer may be
-// freed or reused once the op returns).
+// freed or reused once the op returns). A GPU's buffer is released
+// instead: it exports nothing more.
 bool GiveOwnCopy(PyObject* view) {
+  if (!PyArray_Check(view)) {
+    PyObject* released = PyObject_CallMethod(view, "release", nullptr);
+    Py_XDECREF(released);
+    return released != nullptr;
+  }
   auto* array = reinterpret_cast<PyArrayObject*>(view);
   PyObject* copy = PyArray_NewCopy(array, NPY_CORDER);
   if (copy == nullptr) return false;
@@ -332,15 +406,25 @@ void CheckViews(std::vector<PyObject*>* views, bool* kept) {
   views->clear();
 }
 
-// What a run fails with when its host function kept what it was lent: an
-// argument's view (`output` false) or an output buffer.
-std::string KeptMessage(const Site& site, bool output) {
+// What a host function kept of what it was lent.
+enum class Kept { kArgument, kOutput, kGpuBuffer };
+
+// What a run fails with when its host function kept what it was lent.
+std::string KeptMessage(const Site& site, Kept kept) {
   const char* name = site.name != nullptr ? Utf8(site.name) : "";
   if (name == nullptr) {
     PyErr_Clear();
     name = "";
   }
-  if (output) {
+  if (kept == Kept::kGpuBuffer) {
+    return std::string("host_callback: the host function ") + name +
+           " kept a GPU buffer it got with buffers=True (an argument, out= "
+           "or an array made from one through DLPack or "
+           "__cuda_array_interface__: the device's memory, valid only until "
+           "the function returns), so its computation fails. Keep a copy "
+           "instead, e.g. cupy.array(a)";
+  }
+  if (kept == Kept::kOutput) {
     return std::string("host_callback: the host function ") + name +
            " kept a buffer of out= it got with buffers=True (a view of the "
            "device's result buffer, valid only until the function returns), "
@@ -354,6 +438,27 @@ std::string KeptMessage(const Site& site, bool output) {
          "copy=False";
 }
 
+// `runner(entry, device_id, args[, outputs[, stream]])`: the stream only
+// for a GPU's buffers. Null with the exception set.
+PyObject* CallRunner(const Site& site, const DirectRequest& request,
+                     PyObject* args, PyObject* outputs) {
+  PyObject* device_id = PyLong_FromLongLong(request.device_id);
+  PyObject* stream =
+      request.gpu < 0
+          ? nullptr
+          : PyLong_FromUnsignedLongLong(static_cast<unsigned long long>(
+                reinterpret_cast<uintptr_t>(request.stream)));
+  PyObject* results =
+      device_id == nullptr || (request.gpu >= 0 && stream == nullptr)
+          ? nullptr
+          : PyObject_CallFunctionObjArgs(runner, site.entry, device_id, args,
+                                         outputs, stream,
+                                         nullptr);  // may end early
+  Py_XDECREF(device_id);
+  Py_XDECREF(stream);
+  return results;
+}
+
 DirectOutcome RunWithGil(const DirectRequest& request, std::string* error) {
   if (runner == nullptr) return DirectOutcome::kDeclined;
   std::shared_ptr<const Site> site = FindSite(request.site);
@@ -364,39 +469,41 @@ DirectOutcome RunWithGil(const DirectRequest& request, std::string* error) {
       return DirectOutcome::kDeclined;  // the queue's decoder reports it
     }
   }
+  const bool gpu = request.gpu >= 0;
+  if (gpu && (device_buffer == nullptr || !TakesGpuBuffers(*site))) {
+    return DirectOutcome::kDeclined;  // copied through host memory instead
+  }
   // A Ctrl-C that arrived while the device ran belongs to this computation.
   if (PyErr_CheckSignals() < 0) return TakeException(error);
   std::vector<PyObject*> views, output_views, filled;
-  PyObject* args = Arguments(*site, request, &views);
-  PyObject* outputs = args != nullptr && LendsOutputs(*site, request)
-                          ? Outputs(request, &output_views)
-                          : nullptr;
-  if (args == nullptr || (outputs == nullptr && LendsOutputs(*site, request))) {
+  const bool lends = gpu || LendsOutputs(*site, request);
+  PyObject* args = gpu ? GpuBuffers(*site, request, false, &views)
+                       : Arguments(*site, request, &views);
+  PyObject* outputs =
+      args == nullptr || !lends ? nullptr
+      : gpu                     ? GpuBuffers(*site, request, true, &output_views)
+                                : Outputs(request, &output_views);
+  if (args == nullptr || (outputs == nullptr && lends)) {
     Py_XDECREF(args);
     bool kept;
     CheckViews(&views, &kept);
     CheckViews(&output_views, &kept);
     return TakeException(error);
   }
-  PyObject* device_id = PyLong_FromLongLong(request.device_id);
-  PyObject* results =
-      device_id == nullptr
-          ? nullptr
-          : PyObject_CallFunctionObjArgs(runner, site->entry, device_id, args,
-                                         outputs, nullptr);  // may end early
-  Py_XDECREF(device_id);
+  PyObject* results = CallRunner(*site, request, args, outputs);
   Py_DECREF(args);
   Py_XDECREF(outputs);
   DirectOutcome outcome = DirectOutcome::kDone;
   if (results == nullptr) {
     outcome = TakeException(error);  // drops the traceback, and its frames
   } else {
-    // A tap's results (none) are not looked at.
-    if (request.num_outputs > 0 &&
+    // A tap's results (none) are not looked at; a GPU run's consumer wrote
+    // them into the lent buffers, on the stream.
+    if (request.num_outputs > 0 && !gpu &&
         !WriteResults(*site, results, request, error)) {
       outcome = DirectOutcome::kFailed;
     }
-    if (outputs != nullptr) CollectFilled(results, request, &filled);
+    if (outputs != nullptr && !gpu) CollectFilled(results, request, &filled);
     Py_DECREF(results);
   }
   // The filled results first: a kept one's own copy releases its lent bytes.
@@ -406,7 +513,9 @@ DirectOutcome RunWithGil(const DirectRequest& request, std::string* error) {
   CheckViews(&output_views, &kept_output);
   if ((kept || kept_filled || kept_output) &&
       outcome == DirectOutcome::kDone) {
-    *error = KeptMessage(*site, !kept);
+    *error = KeptMessage(*site, gpu    ? Kept::kGpuBuffer
+                                : kept ? Kept::kArgument
+                                       : Kept::kOutput);
     outcome = DirectOutcome::kFailed;
   }
   return outcome;
@@ -414,11 +523,14 @@ DirectOutcome RunWithGil(const DirectRequest& request, std::string* error) {
 
 }  // namespace
 
-void SetRunner(PyObject* new_runner, PyObject* new_wire) {
+void SetRunner(PyObject* new_runner, PyObject* new_wire,
+               PyObject* new_device_buffer) {
   Py_XINCREF(new_runner);
   Py_XINCREF(new_wire);
+  Py_XINCREF(new_device_buffer);
   Replace(&runner, new_runner);
   Replace(&wire, new_wire);
+  Replace(&device_buffer, new_device_buffer);
 }
 
 DirectOutcome Run(const DirectRequest& request, std::string* error) {

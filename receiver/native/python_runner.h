@@ -6,7 +6,8 @@
 // device's result buffers. A copy=False site's call is also lent those
 // result buffers, as writable bytes, which its consumer may fill in place
 // (buffers=True with out=) and return: a result that is its output buffer
-// is not copied, so no copy either way.
+// is not copied, so no copy either way. A buffers=True site's call on a
+// GPU gets that GPU's buffers and stream instead (SetRunner).
 //
 // The runner is called on the device's thread by DirectRuns::TryRun
 // (direct_runs.h); it takes the GIL, which guards its Python objects and
@@ -25,13 +26,20 @@
 
 namespace hcb::python {
 
-// `runner(entry, device_id, args[, outputs])` runs a site's host function
-// (`entry` is what the site was registered with, `args` a tuple of arrays,
-// `outputs` the lent result buffers) and returns its results (None for
-// none; views of `outputs` that it filled count as written) or raises; `wire(array)` returns a result as
-// the device stores it (C-contiguous, sub-byte dtypes packed). Both null:
-// no direct runs. Needs the GIL.
-void SetRunner(PyObject* runner, PyObject* wire);
+// `runner(entry, device_id, args[, outputs[, stream]])` runs a site's host
+// function (`entry` is what the site was registered with, `args` a tuple
+// of arrays, `outputs` the lent result buffers) and returns its results
+// (None for none; views of `outputs` that it filled count as written) or
+// raises; `wire(array)` returns a result as the device stores it
+// (C-contiguous, sub-byte dtypes packed). For a buffers=True site's call
+// on a GPU, `device_buffer(address, dtype, shape, gpu, stream, writable)`
+// makes each of `args` (read-only) and `outputs` (writable bytes) over the
+// GPU's memory (receiver/device_buffers.py:CudaBuffer), the runner also
+// gets `stream` (the cudaStream_t as an int), and its consumer writes the
+// results into `outputs` on that stream: nothing is copied here. A kept
+// GPU buffer is released (it exports nothing more) and fails the run.
+// All null: no direct runs. Needs the GIL.
+void SetRunner(PyObject* runner, PyObject* wire, PyObject* device_buffer);
 
 // The DirectRunner (direct_runs.h); takes the GIL.
 DirectOutcome Run(const DirectRequest& request, std::string* error);

@@ -23,7 +23,7 @@ std::unordered_map<int64_t, std::shared_ptr<Site>>* sites =
 bool RegisterSite(int64_t site_id, const std::vector<int64_t>& sizes,
                   PyObject* entry, PyObject* name, PyObject* dtypes,
                   PyObject* shapes, PyObject* unpackers, bool copy,
-                  bool pack_results) {
+                  bool pack_results, bool buffers) {
   auto site = std::make_shared<Site>();
   Py_INCREF(entry);
   site->entry = entry;
@@ -31,6 +31,7 @@ bool RegisterSite(int64_t site_id, const std::vector<int64_t>& sizes,
   site->name = name;
   site->copy = copy;
   site->pack_results = pack_results;
+  site->buffers = buffers;
   const Py_ssize_t count = PySequence_Size(dtypes);
   if (count < 0 || PySequence_Size(shapes) != count ||
       PySequence_Size(unpackers) != count ||

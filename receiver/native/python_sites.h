@@ -44,6 +44,7 @@ struct Site {
   std::vector<Column> columns;
   bool copy = true;
   bool pack_results = false;
+  bool buffers = false;  // on a GPU: runs on the device's buffers
 
   Site() = default;
   Site(const Site&) = delete;
@@ -63,12 +64,13 @@ struct Site {
 // for a packed sub-byte dtype, a function that unpacks a uint8 array of its
 // bytes. `copy` false: views of the device's buffers, valid until the host
 // function returns. `pack_results`: the results go through the runner's
-// `wire`. Needs the GIL; false with a Python exception set on a bad
-// argument.
+// `wire`. `buffers`: a GPU's direct run hands the host function its
+// device buffers (python_runner.h). Needs the GIL; false with a Python
+// exception set on a bad argument.
 bool RegisterSite(int64_t site, const std::vector<int64_t>& sizes,
                   PyObject* entry, PyObject* name, PyObject* dtypes,
                   PyObject* shapes, PyObject* unpackers, bool copy,
-                  bool pack_results);
+                  bool pack_results, bool buffers);
 // Needs the GIL.
 void UnregisterSite(int64_t site);
 // The site, or null when it is not registered. Needs the GIL.

@@ -8,26 +8,27 @@
 
 namespace hcb {
 
-void SiteSizes::Register(int64_t site, std::vector<int64_t> array_bytes) {
+void SiteSizes::Register(int64_t site, std::vector<int64_t> array_bytes,
+                         bool buffers) {
   std::unique_lock<std::shared_mutex> lock(mu_);
-  sizes_[site] = std::move(array_bytes);
+  sites_[site] = Entry{std::move(array_bytes), buffers};
 }
 
 bool SiteSizes::Unregister(int64_t site) {
   std::unique_lock<std::shared_mutex> lock(mu_);
-  return sizes_.erase(site) > 0;
+  return sites_.erase(site) > 0;
 }
 
 Status SiteSizes::Check(int64_t site, const Span* arrays, size_t num_arrays) {
   std::shared_lock<std::shared_mutex> lock(mu_);
-  auto it = sizes_.find(site);
-  if (it == sizes_.end()) {
+  auto it = sites_.find(site);
+  if (it == sites_.end()) {
     return Failure(Code::kNotFound,
                    "host_callback: callback site " + std::to_string(site) +
                        " is not registered (its host function was "
                        "garbage-collected?)");
   }
-  const std::vector<int64_t>& expected = it->second;
+  const std::vector<int64_t>& expected = it->second.sizes;
   bool same = expected.size() == num_arrays;
   for (size_t i = 0; same && i < num_arrays; ++i) {
     same = expected[i] == arrays[i].bytes;
@@ -42,6 +43,12 @@ Status SiteSizes::Check(int64_t site, const Span* arrays, size_t num_arrays) {
           ByteSizes(num_arrays, [&](size_t i) { return arrays[i].bytes; }) +
           " (host_callback lays out one of their dtypes unlike XLA; "
           "please report it)");
+}
+
+bool SiteSizes::TakesBuffers(int64_t site) {
+  std::shared_lock<std::shared_mutex> lock(mu_);
+  auto it = sites_.find(site);
+  return it != sites_.end() && it->second.buffers;
 }
 
 }  // namespace hcb

@@ -7,7 +7,9 @@
 //
 // The extension module registers and forgets sites with the GIL; device
 // threads check their arrays (the FFI handlers, ffi_common.h:SiteArgs).
-// `mu_` (shared for checks) guards `sizes_`.
+// It also keeps, for a GPU's call (hub.cc:Hub::CudaCall), whether a site's
+// host function takes the device's buffers (buffers=True). `mu_` (shared
+// for checks) guards `sites_`.
 
 #ifndef HOST_CALLBACK_RECEIVER_NATIVE_SITE_SIZES_H_
 #define HOST_CALLBACK_RECEIVER_NATIVE_SITE_SIZES_H_
@@ -25,18 +27,25 @@ namespace hcb {
 
 class SiteSizes {
  public:
-  // Records the byte size of each array that the packets of `site` carry.
-  void Register(int64_t site, std::vector<int64_t> array_bytes);
+  // Records the byte size of each array that the packets of `site` carry,
+  // and whether its host function takes the device's buffers.
+  void Register(int64_t site, std::vector<int64_t> array_bytes, bool buffers);
   // Forgets a site; a device that sends to it from now on fails. Returns
   // whether it was registered.
   bool Unregister(int64_t site);
   // Empty when `arrays` are what `site` expects; else NOT_FOUND (no such
   // site) or INVALID_ARGUMENT (other sizes).
   Status Check(int64_t site, const Span* arrays, size_t num_arrays);
+  // Whether `site` is registered with buffers=True.
+  bool TakesBuffers(int64_t site);
 
  private:
+  struct Entry {
+    std::vector<int64_t> sizes;
+    bool buffers;
+  };
   std::shared_mutex mu_;
-  std::unordered_map<int64_t, std::vector<int64_t>> sizes_;
+  std::unordered_map<int64_t, Entry> sites_;
 };
 
 }  // namespace hcb

@@ -325,8 +325,211 @@ def exit_pending(standin):
   assert standin.pending() == 6
 
 
+class _DLTensor(ctypes.Structure):
+  _fields_ = [("data", ctypes.c_void_p), ("device_type", ctypes.c_int32),
+              ("device_id", ctypes.c_int32), ("ndim", ctypes.c_int32),
+              ("code", ctypes.c_uint8), ("bits", ctypes.c_uint8),
+              ("lanes", ctypes.c_uint16),
+              ("shape", ctypes.POINTER(ctypes.c_int64)),
+              ("strides", ctypes.c_void_p), ("byte_offset", ctypes.c_uint64)]
+
+
+class _Versioned(ctypes.Structure):
+  _fields_ = [("major", ctypes.c_uint32), ("minor", ctypes.c_uint32),
+              ("manager_ctx", ctypes.c_void_p), ("deleter", ctypes.c_void_p),
+              ("flags", ctypes.c_uint64), ("dl_tensor", _DLTensor)]
+
+
+def dlpack_tensor(capsule, versioned):
+  """(data, device, shape, (code, bits), read-only flag) of a capsule."""
+  get = ctypes.pythonapi.PyCapsule_GetPointer
+  get.restype, get.argtypes = ctypes.c_void_p, [ctypes.py_object,
+                                                ctypes.c_char_p]
+  if versioned:
+    managed = _Versioned.from_address(get(capsule, b"dltensor_versioned"))
+    tensor, flags = managed.dl_tensor, managed.flags
+  else:
+    tensor, flags = _DLTensor.from_address(get(capsule, b"dltensor")), None
+  return (tensor.data, (tensor.device_type, tensor.device_id),
+          tuple(tensor.shape[i] for i in range(tensor.ndim)),
+          (tensor.code, tensor.bits), flags)
+
+
+def gpu_view(buffer):
+  """A NumPy view of a stand-in GPU buffer (host memory), through its
+  __cuda_array_interface__."""
+  interface = buffer.__cuda_array_interface__
+  dtype = np.dtype(interface["typestr"])
+  count = int(np.prod(interface["shape"], dtype=np.int64))
+  raw = (ctypes.c_char * (count * dtype.itemsize)).from_address(
+      interface["data"][0])
+  return np.frombuffer(raw, dtype).reshape(interface["shape"])
+
+
+class StandInGpuArray:
+  """An array on stand-in GPU 0, as CuPy's would export it: host memory."""
+
+  def __init__(self, array, stream, gpu=0):
+    self.array, self.stream, self.gpu = array, stream, gpu
+    KEPT.append(array)
+
+  def __dlpack_device__(self):
+    return 2, self.gpu
+
+  @property
+  def __cuda_array_interface__(self):
+    return {"shape": self.array.shape, "typestr": self.array.dtype.str,
+            "data": (self.array.ctypes.data, False), "version": 3,
+            "strides": None, "stream": self.stream}
+
+
+def buffers_site(func, result, site_arrays):
+  """A buffers=True call's site of `func`, with the JAX side's consumer,
+  run directly as the runtime runs it."""
+  import jax  # pylint: disable=import-outside-toplevel
+  from host_callback import api  # pylint: disable=import-outside-toplevel
+  from host_callback.host import host_functions  # pylint: disable=import-outside-toplevel
+  from host_callback.receiver import device_buffers, native_sites, native_wire  # pylint: disable=import-outside-toplevel
+  treedef, avals = api._result_avals(result)  # pylint: disable=protected-access
+  function = host_functions.HostFunction(
+      func, jax.tree_util.tree_structure(0), with_device=False, is_call=True,
+      result_treedef=treedef, result_avals=avals, copy=False, buffers=True,
+      fills_out=api._accepts(func, "out"),  # pylint: disable=protected-access
+      with_stream=api._accepts(func, "stream"))  # pylint: disable=protected-access
+  consumer = host_functions.make_consumer(function, (), lambda number: None)
+
+  def run(entry, device_id, args, outputs=None, stream=None):
+    del entry
+    RUNS.append(type(args[0]).__name__)
+    return consumer(args, device_id, outputs, stream)
+
+  native.set_direct_runner(run, native_wire.wire_array,
+                           device_buffers.CudaBuffer)
+  return native_sites.register_site(
+      len(RUNS) + 100, [a.dtype for a in site_arrays],
+      [a.shape for a in site_arrays], name=func.__name__, copy=False,
+      packed_results=False, buffers=True)
+
+
+RUNS = []  # the type of each direct run's first argument
+
+
+def buffers_call(standin, func, argument, result, stream=None):
+  """`func` called with buffers=True on stand-in GPU 0: the result."""
+  site = buffers_site(func, result, [argument])
+  KEPT.extend([argument, result])
+  native._testing_cuda_call(0, stream or standin.stream, site,
+                            [(argument.ctypes.data, argument.nbytes)],
+                            [(result.ctypes.data, result.nbytes)])
+  settled(standin)
+  return result
+
+
+def check_exports(x, stream):
+  """An operand's exports: DLPack (both kinds) and the interface."""
+  interface = x.__cuda_array_interface__
+  assert interface["data"][1] is True and interface["stream"] == stream
+  for versioned in (False, True):
+    capsule = x.__dlpack__(stream=stream,
+                           max_version=(1, 0) if versioned else None)
+    data, device, shape, dtype, flags = dlpack_tensor(capsule, versioned)
+    assert (data, device, shape, dtype) == (
+        interface["data"][0], (2, 0), x.shape, (2, 32)), capsule
+    assert flags == (1 if versioned else None)  # read-only
+  assert x.__dlpack_device__() == (2, 0)
+
+
+def buffers(standin):
+  """A buffers=True call on an idle GPU queue runs on the GPU's buffers:
+  DLPack and __cuda_array_interface__ exports with the device pointers and
+  the stream, `stream=`, out= filled in place (no copy at all), a returned
+  GPU array copied on the device (on its stream, or after waiting for a
+  foreign one), and the errors: a result not on the GPU or of another
+  dtype, a kept buffer. Behind a tap in flight, the call takes the copies'
+  path, after the tap."""
+  argument = np.arange(6, dtype=np.float32)
+  copies = standin.calls("cudaMemcpyAsync")
+  pinned = standin.calls("cudaHostAlloc")
+
+  def double(x, *, out, stream):
+    assert type(x).__name__ == "CudaBuffer" and stream == standin.stream
+    check_exports(x, stream)
+    gpu_view(out)[...] = gpu_view(x) * 2
+
+  result = buffers_call(standin, double, argument, np.zeros(6, np.float32))
+  np.testing.assert_array_equal(result, argument * 2)
+  assert standin.calls("cudaMemcpyAsync") == copies  # nothing copied
+  assert standin.calls("cudaHostAlloc") == pinned
+  assert RUNS == ["CudaBuffer"]
+
+  for stream, waits in ((standin.stream, 0), (standin.lib.hcb_standin_stream(),
+                                              2)):
+    synced = standin.calls("cudaStreamSynchronize")
+
+    def plus_one(x, made_on=stream):
+      return StandInGpuArray(gpu_view(x) + 1, made_on)
+
+    result = buffers_call(standin, plus_one, argument,
+                          np.zeros(6, np.float32))
+    np.testing.assert_array_equal(result, argument + 1)
+    assert standin.calls("cudaStreamSynchronize") - synced == waits
+  assert standin.calls("cudaMemcpyAsync") == copies + 2  # one D2D each
+  assert standin.violations() == 0
+  buffers_errors(standin, argument)
+  buffers_behind_a_tap(standin, argument)
+
+
+def buffers_errors(standin, argument):
+  """Results the consumer refuses, naming result_shape; a kept buffer."""
+  wrong = {
+      "DLPack device (1, 0)": lambda x: np.zeros(6, np.float32),
+      "int32[6] where result_shape expects float32[6]":
+          lambda x: StandInGpuArray(np.zeros(6, np.int32), standin.stream),
+      "DLPack device (2, 1)":
+          lambda x: StandInGpuArray(np.zeros(6, np.float32), None, gpu=1),
+  }
+  for message, func in wrong.items():
+    try:
+      buffers_call(standin, func, argument, np.zeros(6, np.float32))
+    except RuntimeError as error:
+      assert message in str(error) and "result_shape" in str(error), error
+    else:
+      raise AssertionError(f"not refused: {message}")
+  kept = []
+
+  def keep(x, *, out):
+    del out
+    kept.append(x.__dlpack__(stream=-1))
+
+  try:
+    buffers_call(standin, keep, argument, np.zeros(6, np.float32))
+  except RuntimeError as error:
+    assert "kept a GPU buffer" in str(error), error
+  else:
+    raise AssertionError("a kept GPU buffer did not fail the call")
+
+
+def buffers_behind_a_tap(standin, argument):
+  """A tap not consumed yet: the call is queued behind it, on host copies."""
+  RUNS.clear()
+  standin.hold(True)
+  tap(standin, [np.array([5], np.int64)])
+  result = np.zeros(6, np.float32)
+  caller = threading.Thread(target=buffers_call, args=(
+      standin, lambda x: x, argument, result))
+  caller.start()
+  standin.hold(False)
+  wait_until(lambda: queue_stats()[1] == 2)  # the request behind the tap
+  packets = take_n(2)
+  native.reply(packets[1][1], [np.full(6, 7, np.float32)])
+  caller.join(10)
+  assert value(packets[0][2]) == 5 and packets[1][1] != 0 and RUNS == []
+  np.testing.assert_array_equal(result, np.full(6, 7, np.float32))
+
+
 SCENARIOS = {f.__name__: f for f in (order, bound, failures, barrier, stop,
-                                     call, large_calls, exit_pending)}
+                                     call, large_calls, exit_pending,
+                                     buffers)}
 
 if __name__ == "__main__":
   name, library = sys.argv[1:3]
