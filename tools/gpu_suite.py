@@ -45,8 +45,8 @@ NEEDS: Dict[str, Tuple[str, ...]] = {
 # The GPU tests, run as a step of their own before the suite: the native
 # transport on the GPU, a persistent cache on it, and the CUDA part's host
 # side on its stand-in.
-GPU_TESTS = ("tests/test_gpu.py", "tests/test_persistent_cache.py",
-             "tests/test_cuda_transport.py")
+GPU_TESTS = ("tests/test_gpu.py", "tests/test_gpu_buffers.py",
+             "tests/test_persistent_cache.py", "tests/test_cuda_transport.py")
 # The modules that failed on the last GPU run (docs/gpu.md): first in the
 # suite, so that a run cut by its budget has run them.
 FIRST = ("tests/test_lifetime.py", "tests/test_interrupts.py",

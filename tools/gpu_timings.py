@@ -12,7 +12,11 @@ default backend (a GPU's are the ones of interest):
   `print_rate=1`, beside the scan without a bar;
 - a training loop of a ~1 ms step (matrix products, sized on the device
   at hand) with a tap of the loss and `barrier_wait()` every step, beside
-  the same loop without the tap and the barrier.
+  the same loop without the tap and the barrier;
+- a 256 MiB identity round trip with `call(..., buffers=True)` filling
+  `out=` by a CuPy copy on the computation's stream, beside one
+  device-to-device copy, `jax.experimental.buffer_callback` (CuPy too)
+  and `jax.pure_callback` (needs CuPy; no rows without it).
 
 Each row is (name, value, unit), printed as `format_row` writes it;
 medians of a few runs. `tools.gpu_check` runs each case in a fresh process
@@ -26,7 +30,7 @@ import argparse
 import contextlib
 import os
 import time
-from typing import Callable, Dict, List, Optional, Sequence, Tuple
+from typing import Any, Callable, Dict, List, Optional, Sequence, Tuple
 
 import jax
 import jax.numpy as jnp
@@ -177,6 +181,46 @@ def training_rows(steps: int = 300) -> List[Row]:
            value, "ms") for name, value in times.items()]
 
 
+def _cupy_copy(source: Any, out: Any, stream: int) -> None:
+  """`out[...] = source` by CuPy on `stream`, both through DLPack."""
+  import cupy  # pylint: disable=import-outside-toplevel
+  with cupy.cuda.ExternalStream(stream):
+    cupy.copyto(cupy.from_dlpack(out), cupy.from_dlpack(source))
+
+
+def _round_trips(x: jax.Array) -> Dict[str, Callable[[jax.Array], Any]]:
+  """Identity round trips of `x` by each way, jitted, by row name."""
+  shape = jax.ShapeDtypeStruct(x.shape, x.dtype)
+  ways = {
+      "one device-to-device copy (jit(jnp.copy))": jnp.copy,
+      "call buffers=True filling out= (native, CuPy)":
+          lambda v: hcb.call(lambda a, *, out, stream: _cupy_copy(
+              a, out, stream), v, result_shape=shape, buffers=True),
+      "jax.pure_callback": lambda v: jax.pure_callback(
+          lambda a: a, shape, v)}
+  try:
+    from jax.experimental.buffer_callback import buffer_callback  # pylint: disable=import-outside-toplevel
+  except ImportError:
+    return {name: jax.jit(way) for name, way in ways.items()}
+  ways["jax.experimental.buffer_callback (CuPy)"] = buffer_callback(
+      lambda ctx, out, a: _cupy_copy(a, out, ctx.stream), shape)
+  return {name: jax.jit(way) for name, way in ways.items()}
+
+
+def buffers_rows() -> List[Row]:
+  """ms for a 256 MiB identity round trip by each way (no rows without
+  CuPy)."""
+  try:
+    import cupy  # pylint: disable=import-outside-toplevel,unused-import
+  except ImportError:
+    return []
+  x = jnp.zeros((64, 1024, 1024), jnp.float32)
+  with settings.transport("native"):
+    return [(f"256 MiB identity round trip: {name}",
+             1e3 * _timed(lambda f=run: f(x).block_until_ready()), "ms")
+            for name, run in _round_trips(x).items()]
+
+
 def _cases() -> Dict[str, Callable[[], List[Row]]]:
   """Every case by name, in the order of the rows."""
   cases: Dict[str, Callable[[], List[Row]]] = {
@@ -196,6 +240,7 @@ def _cases() -> Dict[str, Callable[[], List[Row]]]:
     cases[f"bars/every-step-{transport}"] = _bar_case(1, transport)
   # One case: its loops take turns, so that drift reaches them alike.
   cases["training"] = training_rows
+  cases["buffers/256MiB"] = buffers_rows
   return cases
 
 
