@@ -305,3 +305,18 @@ def test_eager_use_outside_jit(both_modes):
   out = hcb.call(lambda a: np.array(a) + 1, jnp.arange(3.0),
                  result_shape=jnp.arange(3.0), buffers=True)
   np.testing.assert_array_equal(out, [1.0, 2.0, 3.0])
+
+
+def test_stream_is_none_where_the_buffers_are_host_memory(both_modes):
+  """A host function with a `stream` parameter gets stream=None off a GPU's
+  own buffers (the CUDA stand-in's scenario covers a GPU's)."""
+  streams = []
+
+  def fill(x, *, out, stream):
+    streams.append(stream)
+    out[...] = x
+
+  x = jnp.arange(3.0)
+  y = jax.jit(lambda v: hcb.call(fill, v, result_shape=v, buffers=True))(x)
+  np.testing.assert_array_equal(np.asarray(y), np.asarray(x))
+  assert streams == [None]
