@@ -251,6 +251,93 @@ def test_only_the_owner_suspends_an_active_claim(queue):
   queue.end_claim()
 
 
+def test_resuming_waits_until_the_consumer_finished_its_batch(queue):
+  """The consumer may still run packets of the batch it took during the
+  suspension after the one that answered the owner: the owner resumes
+  only once that batch is finished, so that the device's host functions
+  run one at a time."""
+  suspended, resume, resumed = (threading.Event() for _ in range(3))
+
+  def owner() -> None:
+    assert queue.claim_if_idle()
+    queue.push(1)
+    assert queue.suspend_claim()
+    suspended.set()
+    resume.wait(_SOME_SECONDS)
+    queue.resume_claim()
+    resumed.set()
+    queue.end_claim()
+
+  thread = threading.Thread(target=owner)
+  thread.start()
+  try:
+    assert suspended.wait(_SOME_SECONDS)
+    assert queue.take(_SOME_SECONDS) == [1]
+    resume.set()
+    assert not resumed.wait(0.1)  # the batch is not finished
+    queue.finish_batch()
+    assert resumed.wait(_SOME_SECONDS)
+  finally:
+    resume.set()
+    queue.finish_batch()
+    thread.join(_SOME_SECONDS)
+
+
+def test_a_consumer_that_holds_a_batch_takes_again_while_the_owner_resumes(
+    queue):
+  """A host function of the consumer's batch that makes a request of its
+  device (the nested consumer) is served while the owner waits to resume:
+  neither waits for the other."""
+  suspended, resume, resuming, resumed = (
+      threading.Event() for _ in range(4))
+
+  def owner() -> None:
+    assert queue.claim_if_idle()
+    queue.push(1)
+    assert queue.suspend_claim()
+    suspended.set()
+    resume.wait(_SOME_SECONDS)
+    resuming.set()
+    queue.resume_claim()  # waits for the consumer's batch
+    resumed.set()
+    queue.end_claim()
+
+  thread = threading.Thread(target=owner)
+  thread.start()
+  try:
+    assert suspended.wait(_SOME_SECONDS)
+    assert queue.take(_SOME_SECONDS) == [1]
+    resume.set()
+    assert resuming.wait(_SOME_SECONDS)
+    assert not resumed.wait(0.1)  # the batch is not finished
+    queue.push(2)  # the request of a host function of the batch
+    assert _elsewhere(lambda: queue.take(_NOTHING_SECONDS)) == []  # active
+    assert queue.take(_SOME_SECONDS) == [2]  # but the consumer takes, nested
+    assert queue.consuming_on_this_thread()
+    assert not resumed.is_set()
+    queue.finish_batch()
+    assert resumed.wait(_SOME_SECONDS)
+  finally:
+    resume.set()
+    queue.finish_batch()
+    thread.join(_SOME_SECONDS)
+
+
+def test_the_owner_resumes_at_once_past_a_batch_it_holds_itself(queue):
+  def own_and_consume() -> bool:
+    assert queue.claim_if_idle()
+    queue.push(1)
+    assert queue.suspend_claim()
+    assert queue.take(_SOME_SECONDS) == [1]
+    queue.resume_claim()  # never waits for itself
+    queue.finish_batch()
+    queue.end_claim()
+    return True
+
+  assert _elsewhere(own_and_consume)
+  assert queue.waiting() == 0
+
+
 def test_ending_a_suspended_claim_releases_the_queue(queue):
   assert queue.claim_if_idle()
   assert queue.suspend_claim()
@@ -341,43 +428,3 @@ def test_the_consumer_is_the_thread_that_holds_a_batch(queue):
   assert not _elsewhere(queue.consuming_on_this_thread)
   queue.finish_batch()
   assert not queue.consuming_on_this_thread()
-
-
-# --- Where the two queues differ ---
-
-
-def test_resuming_waits_until_the_consumer_finished_its_batch(queue, transport,
-                                                              request):
-  """Python's `resume_claim` waits until the consumer has finished what it
-  took during the suspension, so that the device's host functions run one
-  at a time; the native `ResumeClaim` returns at once (the consumer may
-  still run the batch's later packets beside the resumed direct run)."""
-  if transport == "native":
-    request.applymarker(pytest.mark.xfail(
-        strict=True,
-        reason="DeviceQueue::ResumeClaim does not wait for the consumer"))
-  suspended, resume, resumed = (threading.Event() for _ in range(3))
-
-  def owner() -> None:
-    assert queue.claim_if_idle()
-    queue.push(1)
-    assert queue.suspend_claim()
-    suspended.set()
-    resume.wait(_SOME_SECONDS)
-    queue.resume_claim()
-    resumed.set()
-    queue.end_claim()
-
-  thread = threading.Thread(target=owner)
-  thread.start()
-  try:
-    assert suspended.wait(_SOME_SECONDS)
-    assert queue.take(_SOME_SECONDS) == [1]
-    resume.set()
-    assert not resumed.wait(0.1)  # the batch is not finished
-    queue.finish_batch()
-    assert resumed.wait(_SOME_SECONDS)
-  finally:
-    resume.set()
-    queue.finish_batch()
-    thread.join(_SOME_SECONDS)
