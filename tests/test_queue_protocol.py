@@ -428,3 +428,15 @@ def test_the_consumer_is_the_thread_that_holds_a_batch(queue):
   assert not _elsewhere(queue.consuming_on_this_thread)
   queue.finish_batch()
   assert not queue.consuming_on_this_thread()
+
+
+def test_the_consumer_stays_the_consumer_across_a_nested_take(queue):
+  queue.push(0)
+  assert queue.take(_SOME_SECONDS) == [0]
+  assert queue.take(_NOTHING_SECONDS) == []  # nested: packet 0 runs still
+  assert queue.consuming_on_this_thread()
+  queue.push(1)
+  assert _elsewhere(queue.take_as_guest) is None  # not beside packet 0
+  queue.finish_batch()
+  assert queue.take_as_guest() == 1
+  queue.end_guest()
