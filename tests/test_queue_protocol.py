@@ -13,8 +13,10 @@ natively.
 
 from __future__ import annotations
 
+import _thread
 import itertools
 import threading
+import time
 from typing import Any, Callable, Dict, Iterator, List, Optional
 
 import numpy as np
@@ -321,6 +323,46 @@ def test_a_consumer_that_holds_a_batch_takes_again_while_the_owner_resumes(
     resume.set()
     queue.finish_batch()
     thread.join(_SOME_SECONDS)
+
+
+def test_ctrl_c_ends_the_wait_to_resume(queue):
+  """On Python's main thread, Ctrl-C ends the owner's wait for the consumer
+  (KeyboardInterrupt), the claim active again."""
+  assert threading.current_thread() is threading.main_thread()
+  taken, finish, finished = (threading.Event() for _ in range(3))
+
+  def consumer() -> None:
+    assert queue.take(_SOME_SECONDS) == [1]
+    taken.set()
+    finish.wait(_SOME_SECONDS)
+    queue.finish_batch()
+    finished.set()
+
+  assert queue.claim_if_idle()
+  queue.push(1)
+  assert queue.suspend_claim()
+  thread = threading.Thread(target=consumer)
+  thread.start()
+  try:
+    assert taken.wait(_SOME_SECONDS)
+    returned: List[float] = []
+    start = time.monotonic()
+    threading.Timer(0.1, _thread.interrupt_main).start()
+    with pytest.raises(KeyboardInterrupt):
+      queue.resume_claim()  # the consumer holds its batch
+      returned.append(time.monotonic())
+      time.sleep(_SOME_SECONDS)  # where a KeyboardInterrupt pending lands
+    assert not returned or returned[0] >= start + 0.1  # not before Ctrl-C
+    assert not finished.is_set()
+    queue.push(2)
+    assert _elsewhere(lambda: queue.take(_NOTHING_SECONDS)) == []  # active
+  finally:
+    finish.set()
+    thread.join(_SOME_SECONDS)
+  assert finished.is_set()
+  queue.end_claim()
+  assert queue.take(_SOME_SECONDS) == [2]
+  queue.finish_batch()
 
 
 def test_the_owner_resumes_at_once_past_a_batch_it_holds_itself(queue):
