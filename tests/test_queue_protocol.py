@@ -14,6 +14,7 @@ natively.
 from __future__ import annotations
 
 import _thread
+import contextlib
 import itertools
 import threading
 import time
@@ -253,36 +254,47 @@ def test_only_the_owner_suspends_an_active_claim(queue):
   queue.end_claim()
 
 
-def test_resuming_waits_until_the_consumer_finished_its_batch(queue):
-  """The consumer may still run packets of the batch it took during the
-  suspension after the one that answered the owner: the owner resumes
-  only once that batch is finished, so that the device's host functions
-  run one at a time."""
-  suspended, resume, resumed = (threading.Event() for _ in range(3))
+@contextlib.contextmanager
+def _owner_elsewhere(queue) -> Iterator[Dict[str, threading.Event]]:
+  """Another thread's direct run, which requests packet 1 of its device
+  (suspending its claim) and resumes its claim once `resume` is set; its
+  events, by name. On leaving, this thread finishes its batch."""
+  events = {name: threading.Event()
+            for name in ("suspended", "resume", "resuming", "resumed")}
 
   def owner() -> None:
     assert queue.claim_if_idle()
     queue.push(1)
     assert queue.suspend_claim()
-    suspended.set()
-    resume.wait(_SOME_SECONDS)
-    queue.resume_claim()
-    resumed.set()
+    events["suspended"].set()
+    events["resume"].wait(_SOME_SECONDS)
+    events["resuming"].set()
+    queue.resume_claim()  # waits for the consumer's batch
+    events["resumed"].set()
     queue.end_claim()
 
   thread = threading.Thread(target=owner)
   thread.start()
   try:
-    assert suspended.wait(_SOME_SECONDS)
-    assert queue.take(_SOME_SECONDS) == [1]
-    resume.set()
-    assert not resumed.wait(0.1)  # the batch is not finished
-    queue.finish_batch()
-    assert resumed.wait(_SOME_SECONDS)
+    assert events["suspended"].wait(_SOME_SECONDS)
+    yield events
   finally:
-    resume.set()
+    events["resume"].set()
     queue.finish_batch()
     thread.join(_SOME_SECONDS)
+
+
+def test_resuming_waits_until_the_consumer_finished_its_batch(queue):
+  """The consumer may still run packets of the batch it took during the
+  suspension after the one that answered the owner: the owner resumes
+  only once that batch is finished, so that the device's host functions
+  run one at a time."""
+  with _owner_elsewhere(queue) as owner:
+    assert queue.take(_SOME_SECONDS) == [1]
+    owner["resume"].set()
+    assert not owner["resumed"].wait(0.1)  # the batch is not finished
+    queue.finish_batch()
+    assert owner["resumed"].wait(_SOME_SECONDS)
 
 
 def test_a_consumer_that_holds_a_batch_takes_again_while_the_owner_resumes(
@@ -290,39 +302,18 @@ def test_a_consumer_that_holds_a_batch_takes_again_while_the_owner_resumes(
   """A host function of the consumer's batch that makes a request of its
   device (the nested consumer) is served while the owner waits to resume:
   neither waits for the other."""
-  suspended, resume, resuming, resumed = (
-      threading.Event() for _ in range(4))
-
-  def owner() -> None:
-    assert queue.claim_if_idle()
-    queue.push(1)
-    assert queue.suspend_claim()
-    suspended.set()
-    resume.wait(_SOME_SECONDS)
-    resuming.set()
-    queue.resume_claim()  # waits for the consumer's batch
-    resumed.set()
-    queue.end_claim()
-
-  thread = threading.Thread(target=owner)
-  thread.start()
-  try:
-    assert suspended.wait(_SOME_SECONDS)
+  with _owner_elsewhere(queue) as owner:
     assert queue.take(_SOME_SECONDS) == [1]
-    resume.set()
-    assert resuming.wait(_SOME_SECONDS)
-    assert not resumed.wait(0.1)  # the batch is not finished
+    owner["resume"].set()
+    assert owner["resuming"].wait(_SOME_SECONDS)
+    assert not owner["resumed"].wait(0.1)  # the batch is not finished
     queue.push(2)  # the request of a host function of the batch
     assert _elsewhere(lambda: queue.take(_NOTHING_SECONDS)) == []  # active
     assert queue.take(_SOME_SECONDS) == [2]  # but the consumer takes, nested
     assert queue.consuming_on_this_thread()
-    assert not resumed.is_set()
+    assert not owner["resumed"].is_set()
     queue.finish_batch()
-    assert resumed.wait(_SOME_SECONDS)
-  finally:
-    resume.set()
-    queue.finish_batch()
-    thread.join(_SOME_SECONDS)
+    assert owner["resumed"].wait(_SOME_SECONDS)
 
 
 def test_ctrl_c_ends_the_wait_to_resume(queue):
