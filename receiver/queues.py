@@ -235,7 +235,8 @@ class PacketQueue:
 
   def _resume(self) -> None:
     self._claim_active = True  # the consumer takes nothing new
-    while self._taken:
+    # A thread never waits for packets it took itself.
+    while self._taken and not self._consuming_in(threading.get_ident()):
       self._cond.wait(POLL_SECONDS)
 
   # --- Statistics and waits ---

@@ -13,8 +13,11 @@ natively.
 
 from __future__ import annotations
 
+import _thread
+import contextlib
 import itertools
 import threading
+import time
 from typing import Any, Callable, Dict, Iterator, List, Optional
 
 import numpy as np
@@ -251,6 +254,123 @@ def test_only_the_owner_suspends_an_active_claim(queue):
   queue.end_claim()
 
 
+@contextlib.contextmanager
+def _owner_elsewhere(queue) -> Iterator[Dict[str, threading.Event]]:
+  """Another thread's direct run, which requests packet 1 of its device
+  (suspending its claim) and resumes its claim once `resume` is set; its
+  events, by name. On leaving, this thread finishes its batch."""
+  events = {name: threading.Event()
+            for name in ("suspended", "resume", "resuming", "resumed")}
+
+  def owner() -> None:
+    assert queue.claim_if_idle()
+    queue.push(1)
+    assert queue.suspend_claim()
+    events["suspended"].set()
+    events["resume"].wait(_SOME_SECONDS)
+    events["resuming"].set()
+    queue.resume_claim()  # waits for the consumer's batch
+    events["resumed"].set()
+    queue.end_claim()
+
+  thread = threading.Thread(target=owner)
+  thread.start()
+  try:
+    assert events["suspended"].wait(_SOME_SECONDS)
+    yield events
+  finally:
+    events["resume"].set()
+    queue.finish_batch()
+    thread.join(_SOME_SECONDS)
+
+
+def test_resuming_waits_until_the_consumer_finished_its_batch(queue):
+  """The consumer may still run packets of the batch it took during the
+  suspension after the one that answered the owner: the owner resumes
+  only once that batch is finished, so that the device's host functions
+  run one at a time."""
+  with _owner_elsewhere(queue) as owner:
+    assert queue.take(_SOME_SECONDS) == [1]
+    owner["resume"].set()
+    assert not owner["resumed"].wait(0.1)  # the batch is not finished
+    queue.finish_batch()
+    assert owner["resumed"].wait(_SOME_SECONDS)
+
+
+def test_a_consumer_that_holds_a_batch_takes_again_while_the_owner_resumes(
+    queue):
+  """A host function of the consumer's batch that makes a request of its
+  device (the nested consumer) is served while the owner waits to resume:
+  neither waits for the other."""
+  with _owner_elsewhere(queue) as owner:
+    assert queue.take(_SOME_SECONDS) == [1]
+    owner["resume"].set()
+    assert owner["resuming"].wait(_SOME_SECONDS)
+    assert not owner["resumed"].wait(0.1)  # the batch is not finished
+    queue.push(2)  # the request of a host function of the batch
+    assert _elsewhere(lambda: queue.take(_NOTHING_SECONDS)) == []  # active
+    assert queue.take(_SOME_SECONDS) == [2]  # but the consumer takes, nested
+    assert queue.consuming_on_this_thread()
+    assert not owner["resumed"].is_set()
+    queue.finish_batch()
+    assert owner["resumed"].wait(_SOME_SECONDS)
+
+
+def test_ctrl_c_ends_the_wait_to_resume(queue):
+  """On Python's main thread, Ctrl-C ends the owner's wait for the consumer
+  (KeyboardInterrupt), the claim active again."""
+  assert threading.current_thread() is threading.main_thread()
+  taken, finish, finished = (threading.Event() for _ in range(3))
+
+  def consumer() -> None:
+    assert queue.take(_SOME_SECONDS) == [1]
+    taken.set()
+    finish.wait(_SOME_SECONDS)
+    queue.finish_batch()
+    finished.set()
+
+  assert queue.claim_if_idle()
+  queue.push(1)
+  assert queue.suspend_claim()
+  thread = threading.Thread(target=consumer)
+  thread.start()
+  try:
+    assert taken.wait(_SOME_SECONDS)
+    returned: List[float] = []
+    start = time.monotonic()
+    threading.Timer(0.1, _thread.interrupt_main).start()
+    with pytest.raises(KeyboardInterrupt):
+      queue.resume_claim()  # the consumer holds its batch
+      returned.append(time.monotonic())
+      time.sleep(_SOME_SECONDS)  # where a KeyboardInterrupt pending lands
+    assert not returned or returned[0] >= start + 0.1  # not before Ctrl-C
+    assert not finished.is_set()
+    queue.push(2)
+    assert _elsewhere(lambda: queue.take(_NOTHING_SECONDS)) == []  # active
+  finally:
+    finish.set()
+    thread.join(_SOME_SECONDS)
+  assert finished.is_set()
+  queue.end_claim()
+  assert queue.take(_SOME_SECONDS) == [2]
+  queue.finish_batch()
+
+
+def test_the_owner_resumes_at_once_past_a_batch_it_holds_itself(queue):
+  def own_and_consume() -> bool:
+    assert queue.claim_if_idle()
+    queue.push(1)
+    assert queue.suspend_claim()
+    assert queue.take(_SOME_SECONDS) == [1]
+    queue.resume_claim()  # never waits for itself
+    queue.finish_batch()
+    queue.end_claim()
+    return True
+
+  assert _elsewhere(own_and_consume)
+  assert queue.waiting() == 0
+
+
 def test_ending_a_suspended_claim_releases_the_queue(queue):
   assert queue.claim_if_idle()
   assert queue.suspend_claim()
@@ -343,41 +463,13 @@ def test_the_consumer_is_the_thread_that_holds_a_batch(queue):
   assert not queue.consuming_on_this_thread()
 
 
-# --- Where the two queues differ ---
-
-
-def test_resuming_waits_until_the_consumer_finished_its_batch(queue, transport,
-                                                              request):
-  """Python's `resume_claim` waits until the consumer has finished what it
-  took during the suspension, so that the device's host functions run one
-  at a time; the native `ResumeClaim` returns at once (the consumer may
-  still run the batch's later packets beside the resumed direct run)."""
-  if transport == "native":
-    request.applymarker(pytest.mark.xfail(
-        strict=True,
-        reason="DeviceQueue::ResumeClaim does not wait for the consumer"))
-  suspended, resume, resumed = (threading.Event() for _ in range(3))
-
-  def owner() -> None:
-    assert queue.claim_if_idle()
-    queue.push(1)
-    assert queue.suspend_claim()
-    suspended.set()
-    resume.wait(_SOME_SECONDS)
-    queue.resume_claim()
-    resumed.set()
-    queue.end_claim()
-
-  thread = threading.Thread(target=owner)
-  thread.start()
-  try:
-    assert suspended.wait(_SOME_SECONDS)
-    assert queue.take(_SOME_SECONDS) == [1]
-    resume.set()
-    assert not resumed.wait(0.1)  # the batch is not finished
-    queue.finish_batch()
-    assert resumed.wait(_SOME_SECONDS)
-  finally:
-    resume.set()
-    queue.finish_batch()
-    thread.join(_SOME_SECONDS)
+def test_the_consumer_stays_the_consumer_across_a_nested_take(queue):
+  queue.push(0)
+  assert queue.take(_SOME_SECONDS) == [0]
+  assert queue.take(_NOTHING_SECONDS) == []  # nested: packet 0 runs still
+  assert queue.consuming_on_this_thread()
+  queue.push(1)
+  assert _elsewhere(queue.take_as_guest) is None  # not beside packet 0
+  queue.finish_batch()
+  assert queue.take_as_guest() == 1
+  queue.end_guest()

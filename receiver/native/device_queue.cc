@@ -164,10 +164,13 @@ int64_t DeviceQueue::Take(double timeout_s, uint8_t* dst, int64_t capacity,
   *needed = 0;
   ReceiverLink* receiver = links_.receiver;
   std::unique_lock<std::mutex> lock = LockSoon(mu_);
-  consumer_ = std::thread::id();  // done with its last batch
   const int64_t generation = receiver->wake_generation();
   auto woken = [&] { return receiver->wake_generation() != generation; };
-  auto ready = [&] { return unread_ > 0 && !claim_active_; };
+  // While a claim is active, only a consumer that holds packets takes (a
+  // nested take: a claim's owner that resumes waits for it).
+  auto ready = [&] {
+    return unread_ > 0 && (!claim_active_ || ConsumingHere());
+  };
   const auto deadline = Clock::now() + Seconds(timeout_s);
   auto pace_until = last_take_ + kBatchInterval;
   if (!ready() && expect_request_) {
@@ -219,6 +222,7 @@ int64_t DeviceQueue::TakeWaiting(std::unique_lock<std::mutex>& lock,
   FindWaiting(capacity, max_packets, needed, &taken);
   if (taken.packets > 0 && by_consumer) {
     consumer_ = std::this_thread::get_id();
+    taken_ += taken.packets;
   }
   hurry_ = unread_ > 0;  // a backlog: the next batch at once
   lock.unlock();
@@ -228,6 +232,7 @@ int64_t DeviceQueue::TakeWaiting(std::unique_lock<std::mutex>& lock,
   if (indexed.dropped > 0) {
     finished_ += indexed.dropped;
     bytes_ -= indexed.dropped_bytes;
+    if (by_consumer) ForgetTaken(indexed.dropped);
     changed_.notify_all();
   }
   KeepForReuse(taken.retired);
@@ -327,8 +332,8 @@ void DeviceQueue::Release(int64_t packets, int64_t released_bytes) {
   std::lock_guard<std::mutex> lock(mu_);
   finished_ += packets;
   bytes_ -= released_bytes;
-  if (consumer_ == std::this_thread::get_id()) consumer_ = std::thread::id();
-  changed_.notify_all();
+  ForgetTaken(packets);
+  changed_.notify_all();  // also a claim's owner that resumes
 }
 
 Status DeviceQueue::Reserve(int64_t size) {

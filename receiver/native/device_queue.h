@@ -142,6 +142,12 @@ class DeviceQueue {
   // device), the consumer may take: returns whether a claim was suspended,
   // to ResumeClaim.
   bool SuspendClaim();
+  // The claim is active again (the consumer takes nothing new), once the
+  // consumer has released what it took meanwhile: until then it may take
+  // again, nested, and the owner waits, so that the device's host
+  // functions still run one at a time. A thread never waits for a batch
+  // it holds itself; Ctrl-C on Python's main thread ends the wait (the
+  // claim active, the interrupt re-armed).
   void ResumeClaim();
   // A guest, a thread that waits for the queue to drain (barrier_wait),
   // takes the next waiting packet to consume it itself, as Take describes
@@ -156,8 +162,9 @@ class DeviceQueue {
   // by an interrupted guest), and the claim ends. Does nothing elsewhere,
   // or when the thread holds no guest's claim.
   void EndGuest();
-  // Whether the calling thread is the queue's consumer, inside a batch:
-  // a request it makes is served by it (the nested consumer).
+  // Whether the calling thread is the queue's consumer, holding packets it
+  // took and has not released: a request it makes is served by it (the
+  // nested consumer).
   bool ConsumingOnThisThread();
 
  private:
@@ -217,6 +224,17 @@ class DeviceQueue {
                    int64_t site, int64_t request_id, const Span* arrays,
                    size_t num_arrays);
 
+  // Under `mu_`: whether the calling thread is the consumer, holding
+  // packets it took and has not released.
+  bool ConsumingHere() const {
+    return taken_ > 0 && consumer_ == std::this_thread::get_id();
+  }
+  // Under `mu_`: `packets` the consumer took are finished (released, or
+  // dropped: nobody waits for them); once none is left it is no consumer.
+  void ForgetTaken(int64_t packets) {
+    taken_ = taken_ > packets ? taken_ - packets : 0;
+    if (taken_ == 0) consumer_ = std::thread::id();
+  }
   // Under `mu_`: whether the calling thread holds the claim.
   bool HoldsClaim() const {
     return claim_depth_ > 0 && claim_owner_ == std::this_thread::get_id();
@@ -283,7 +301,10 @@ class DeviceQueue {
   bool guest_ = false;
   int64_t guest_packets_ = 0;
   int64_t guest_bytes_ = 0;
-  // The consumer thread while it consumes a taken batch (until its next Take).
+  // Packets the consumer took (Take) and has not released (Release), and
+  // the thread that took them: the consumer until it released them all,
+  // also across a nested Take.
+  int64_t taken_ = 0;
   std::thread::id consumer_;
   int64_t bytes_ = 0;                  // pushed and not yet released
   int64_t reserved_ = 0;               // Reserve'd packets not yet landed

@@ -8,6 +8,8 @@
 
 #include "device_queue.h"
 
+#include "waits.h"
+
 namespace hcb {
 
 int64_t DeviceQueue::TakeAsGuest(uint8_t* dst, int64_t capacity,
@@ -16,7 +18,7 @@ int64_t DeviceQueue::TakeAsGuest(uint8_t* dst, int64_t capacity,
   std::unique_lock<std::mutex> lock(mu_);
   // No consumer holds a batch (it would finish it first), no host function
   // runs on a device thread, and a packet waits.
-  if (consumer_ != std::thread::id() || claim_depth_ > 0 || unread_ == 0) {
+  if (taken_ > 0 || claim_depth_ > 0 || unread_ == 0) {
     return 0;
   }
   // Claimed before TakeWaiting unlocks: the consumer takes nothing after
@@ -68,7 +70,7 @@ void DeviceQueue::EndClaim() {
 
 bool DeviceQueue::ConsumingOnThisThread() {
   std::lock_guard<std::mutex> lock(mu_);
-  return consumer_ == std::this_thread::get_id();
+  return ConsumingHere();
 }
 
 bool DeviceQueue::SuspendClaim() {
@@ -80,8 +82,19 @@ bool DeviceQueue::SuspendClaim() {
 }
 
 void DeviceQueue::ResumeClaim() {
-  std::lock_guard<std::mutex> lock(mu_);
-  claim_active_ = true;
+  std::unique_lock<std::mutex> lock(mu_);
+  claim_active_ = true;  // the consumer takes nothing new
+  // What the consumer took meanwhile it finishes first (Release wakes us);
+  // it may take again meanwhile, nested (Take).
+  while (taken_ > 0 && !ConsumingHere()) {
+    if (changed_.wait_for(lock, kPollInterval, [&] { return taken_ == 0; })) {
+      return;
+    }
+    lock.unlock();  // the hook takes the GIL
+    const bool interrupted = links_.interrupts->Interrupted();
+    lock.lock();
+    if (interrupted) return;  // re-armed: Python raises KeyboardInterrupt
+  }
 }
 
 }  // namespace hcb
