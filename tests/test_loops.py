@@ -201,3 +201,45 @@ def test_collectors_write_read_and_tabulate(tmp_path):
       ("scan[0]", 1, None, "carry", (2.0, 20))]
   pd.testing.assert_frame_equal(rec.df(), pd.DataFrame(
       {"path": ["scan[0]"] * 2, "step": [0, 1], "value": [1.0, 2.0]}))
+
+
+@pytest.mark.parametrize("select, expected", [
+    (lambda leaves: (leaves[0], leaves[0] * jnp.ones(3)),  # one array
+     lambda c: (c, [c] * 3)),
+    (lambda leaves: (leaves[0], leaves[0].astype(jnp.int32)),  # two dtypes
+     lambda c: (c, int(c))),
+    (lambda leaves: {"i": leaves[0].astype(jnp.int32)},  # an int, a dict
+     lambda c: {"i": int(c)}),
+    (lambda leaves: (), lambda c: ()),  # nothing: the step alone
+])
+@pytest.mark.usefixtures("both_modes")
+def test_selected_values_of_any_layout_arrive_as_selected(select, expected):
+  """Small values of one dtype travel in one array with the step, others
+  after it: either way the event has the step and `select`'s value."""
+  def loops(x):
+    x = jax.lax.scan(lambda c, _: (c + 1.0, None), x, None, length=3)[0]
+    return jax.lax.while_loop(lambda c: c < 5.0, lambda c: c + 1.0, x)
+
+  g, rec = tap.record(loops, select=select)
+  jax.jit(g)(jnp.float32(0))
+  hcb.barrier_wait()
+  got = [(e.path, e.step,
+          jax.tree_util.tree_map(lambda v: np.asarray(v).tolist(), e.value))
+         for e in rec.events]
+  assert got == [("scan[0]", s, expected(s + 1.0)) for s in range(3)] + [
+      ("while[1]", s, expected(s + 4.0)) for s in range(2)]
+
+
+@pytest.mark.parametrize("dtype, total", [
+    (jnp.float32, 10), (jnp.float32, None), (jnp.int32, None)])
+def test_a_packed_step_comes_back_exactly(dtype, total):
+  """A float32 holds integers up to 2**24: a step that may be larger (a
+  while_loop's) travels in two parts."""
+  from host_callback.loops.emission import INACTIVE, Packing
+  value = jnp.zeros((), dtype)
+  packing = Packing.of([value], total)
+  for step in (0, 7, 2**24 + 3, 2**31 - 1, -1, INACTIVE):
+    if total is not None and step > total:
+      continue
+    sent = np.asarray(jax.jit(packing.pack)(jnp.int32(step), [value]))
+    assert packing.step_of(sent) == step
