@@ -150,18 +150,24 @@ class Packing:
   def decoder(self, shapes: Sequence[Tuple[int, ...]], treedef: Any
               ) -> Callable[[np.ndarray], Any]:
     """The host side: the value of an array that `pack` made, its leaves
-    views of it (0-d ones for scalars, as unpacked leaves are)."""
+    views of it."""
     bounds, start = [], self.head
     for shape in shapes:
       size = math.prod(shape)
       bounds.append((start, start + size, shape))
       start += size
     value = _value_builder(treedef)
-    if treedef == _ONE_LEAF and shapes[0] == ():
-      head = self.head
-      return lambda sent: sent[..., head]
     return lambda sent: value([sent[begin:end].reshape(shape)
                                for begin, end, shape in bounds])
+
+
+def _each_lane(tap: Callable[..., None], sent: Any, transforms: tuple,
+               device: Any, packed: bool) -> None:
+  """`tap` on what each `vmap` lane sent."""
+  batches = [params["batch_dims"] for name, params in transforms
+             if name == "batch"]
+  for lane in _lanes((sent,) if packed else tuple(sent), batches):
+    tap(lane[0] if packed else lane, (), device)
 
 
 def host_side(path: str, total: Optional[int], kind: str,
@@ -176,31 +182,32 @@ def host_side(path: str, total: Optional[int], kind: str,
   object with `__call__`: the consumer calls it with `device=` for every
   event, which costs an object more."""
   event = site_events(path, total, kind)
-  if packing is not None:
-    step_of = packing.step_of
-    value_of = packing.decoder(shapes, treedef)
-    if packing.head == 1:
-      def decode(sent: Any) -> Tuple[int, Any]:
-        return int(sent.item(0)), value_of(sent)
-    else:
-      def decode(sent: Any) -> Tuple[int, Any]:
-        return step_of(sent), value_of(sent)
+  packed = packing is not None
+  if packed and packing.head == 1 and treedef == _ONE_LEAF and shapes[0] == ():
+    # The usual `select`, one scalar (`[step, value]`): decoded inline, the
+    # value a 0-d view, as an unpacked leaf is.
+    def tap(sent: Any, transforms: tuple, device: Any = None) -> None:
+      if transforms:
+        _each_lane(tap, sent, transforms, device, packed)
+        return
+      step = int(sent.item(0))
+      if step != INACTIVE:
+        deliver(event(step, sent[..., 1], device))
   else:
-    values = _value_builder(treedef)
+    if packing is not None:
+      step_of, value_of = packing.step_of, packing.decoder(shapes, treedef)
+    else:
+      values = _value_builder(treedef)
+      step_of = lambda sent: sent[0].item()  # noqa: E731
+      value_of = lambda sent: values(sent[1:])  # noqa: E731
 
-    def decode(sent: Any) -> Tuple[int, Any]:
-      return sent[0].item(), values(sent[1:])
-
-  def tap(sent: Any, transforms: tuple, device: Any = None) -> None:
-    if transforms:
-      batches = [params["batch_dims"] for name, params in transforms
-                 if name == "batch"]
-      for lane in _lanes((sent,) if packing else tuple(sent), batches):
-        tap(lane[0] if packing else lane, (), device)
-      return
-    step, value = decode(sent)
-    if step != INACTIVE:
-      deliver(event(step, value, device))
+    def tap(sent: Any, transforms: tuple, device: Any = None) -> None:
+      if transforms:
+        _each_lane(tap, sent, transforms, device, packed)
+        return
+      step = step_of(sent)
+      if step != INACTIVE:
+        deliver(event(step, value_of(sent), device))
 
   # What a printed jaxpr and an error show.
   tap.__name__ = tap.__qualname__ = (
