@@ -11,7 +11,8 @@ import pytest
 
 import host_callback as hcb
 import host_callback.loops as tap
-from helpers import barrier_report, fails_when_synchronous, synchronous, wait_until
+from helpers import (barrier_report, fails_when_synchronous, synchronous,
+                     wait_until)
 
 
 @pytest.mark.usefixtures("outfeed_mode")
