@@ -243,3 +243,14 @@ def test_a_packed_step_comes_back_exactly(dtype, total):
       continue
     sent = np.asarray(jax.jit(packing.pack)(jnp.int32(step), [value]))
     assert packing.step_of(sent) == step
+
+
+def test_a_tap_site_s_events_are_frozen_tap_events():
+  import dataclasses
+  from host_callback.loops.events import site_events
+  event = site_events("scan[0]", 3, "carry")(1, 2.0, None)
+  assert type(event) is tap.TapEvent
+  assert event == tap.TapEvent("scan[0]", 1, 2.0, 3)
+  assert dataclasses.asdict(event)["step"] == 1
+  with pytest.raises(dataclasses.FrozenInstanceError):
+    event.step = 2

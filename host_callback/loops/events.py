@@ -36,25 +36,25 @@ class TapEvent:
   device: Any = None
 
 
-_SETTERS = tuple(getattr(TapEvent, field.name).__set__
-                 for field in dataclasses.fields(TapEvent))
+# TapEvent's slots, not frozen: an event is filled as one of these, by plain
+# attribute stores (the frozen `__init__`, or the slots' own setters, cost
+# about twice as much), then becomes a TapEvent, which Python allows
+# because the two lay out their instances alike.
+_Unfrozen = type("_UnfrozenTapEvent", (), {"__slots__": TapEvent.__slots__})
 
 
 def site_events(path: str, total: Optional[int], kind: str
                 ) -> Callable[[int, Any, Any], TapEvent]:
   """`make(step, value, device)`: the events of a tap site whose path,
-  total and kind are these, what its host function makes for every step.
-  The slots are filled as the frozen `__init__` would, without its
-  per-field lookups, the site's own fields from the closure."""
-  set_path, set_step, set_value, set_total, set_kind, set_device = _SETTERS
-
+  total and kind are these, what its host function makes for every step."""
   def make(step: int, value: Any, device: Any) -> TapEvent:
-    event = _new(TapEvent)
-    set_path(event, path)
-    set_step(event, step)
-    set_value(event, value)
-    set_total(event, total)
-    set_kind(event, kind)
-    set_device(event, device)
+    event = _new(_Unfrozen)
+    event.path = path
+    event.step = step
+    event.value = value
+    event.total = total
+    event.kind = kind
+    event.device = device
+    event.__class__ = TapEvent
     return event
   return make
