@@ -254,3 +254,14 @@ def test_a_tap_site_s_events_are_frozen_tap_events():
   assert dataclasses.asdict(event)["step"] == 1
   with pytest.raises(dataclasses.FrozenInstanceError):
     event.step = 2
+
+
+def test_a_prng_key_selected_arrives_as_its_key_data():
+  def keys(k):
+    return jax.lax.scan(lambda c, _: (jax.random.split(c)[0], None), k, None,
+                        length=2)[0]
+  g, rec = tap.record(keys, select=lambda leaves: leaves[0])
+  jax.jit(g)(jax.random.key(0))
+  hcb.barrier_wait()
+  assert [e.step for e in rec.events] == [0, 1]
+  assert all(np.asarray(e.value).dtype == np.uint32 for e in rec.events)

@@ -125,9 +125,10 @@ class Packing:
     they are, after the step. `total`: the loop's length where known."""
     if not leaves:
       return cls(np.dtype(np.int32), 1)
-    dtypes = {np.dtype(leaf.dtype) for leaf in leaves}
+    dtypes = {leaf.dtype for leaf in leaves}
     dtype = dtypes.pop()
-    if (dtypes or dtype.kind not in "if" or dtype.itemsize not in (4, 8)
+    if (dtypes or not isinstance(dtype, np.dtype)  # a PRNG key's, say
+        or dtype.kind not in "if" or dtype.itemsize not in (4, 8)
         or sum(math.prod(leaf.shape) for leaf in leaves) > _PACKED_MAX):
       return None
     exact = (dtype != np.float32
