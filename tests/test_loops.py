@@ -265,3 +265,23 @@ def test_a_prng_key_selected_arrives_as_its_key_data():
   hcb.barrier_wait()
   assert [e.step for e in rec.events] == [0, 1]
   assert all(np.asarray(e.value).dtype == np.uint32 for e in rec.events)
+
+
+def test_an_unsampled_step_runs_only_a_compare_and_a_cond():
+  """With sample_every=k the select, the packing and the tap are all in the
+  cond's taken branch: outside it the body has the step's bookkeeping
+  and the user's own work only."""
+  def scan(x):
+    return jax.lax.scan(lambda c, _: (jnp.tanh(c), None), x, None,
+                        length=10)[0]
+  watched = tap.verbose(scan, on_step=lambda e: None, sample_every=5,
+                        select=lambda leaves: jnp.sum(leaves[0]))
+  jaxpr = jax.make_jaxpr(watched)(jnp.ones(4)).jaxpr
+  body = next(e for e in jaxpr.eqns
+              if e.primitive.name == "scan").params["jaxpr"].jaxpr
+  outside = [e.primitive.name for e in body.eqns]
+  assert outside.count("cond") == 1
+  assert not {"host_callback", "reduce_sum", "concatenate"} & set(outside)
+  cond = next(e for e in body.eqns if e.primitive.name == "cond")
+  taken = [e.primitive.name for e in cond.params["branches"][1].jaxpr.eqns]
+  assert {"host_callback", "reduce_sum"} <= set(taken)
