@@ -201,3 +201,87 @@ def test_collectors_write_read_and_tabulate(tmp_path):
       ("scan[0]", 1, None, "carry", (2.0, 20))]
   pd.testing.assert_frame_equal(rec.df(), pd.DataFrame(
       {"path": ["scan[0]"] * 2, "step": [0, 1], "value": [1.0, 2.0]}))
+
+
+@pytest.mark.parametrize("select, expected", [
+    (lambda leaves: (leaves[0], leaves[0] * jnp.ones(3)),  # one array
+     lambda c: (c, [c] * 3)),
+    (lambda leaves: (leaves[0], leaves[0].astype(jnp.int32)),  # two dtypes
+     lambda c: (c, int(c))),
+    (lambda leaves: {"i": leaves[0].astype(jnp.int32)},  # an int, a dict
+     lambda c: {"i": int(c)}),
+    (lambda leaves: (), lambda c: ()),  # nothing: the step alone
+])
+@pytest.mark.usefixtures("both_modes")
+def test_selected_values_of_any_layout_arrive_as_selected(select, expected):
+  """Small values of one dtype travel in one array with the step, others
+  after it: either way the event has the step and `select`'s value."""
+  def loops(x):
+    x = jax.lax.scan(lambda c, _: (c + 1.0, None), x, None, length=3)[0]
+    return jax.lax.while_loop(lambda c: c < 5.0, lambda c: c + 1.0, x)
+
+  g, rec = tap.record(loops, select=select)
+  jax.jit(g)(jnp.float32(0))
+  hcb.barrier_wait()
+  got = [(e.path, e.step,
+          jax.tree_util.tree_map(lambda v: np.asarray(v).tolist(), e.value))
+         for e in rec.events]
+  assert got == [("scan[0]", s, expected(s + 1.0)) for s in range(3)] + [
+      ("while[1]", s, expected(s + 4.0)) for s in range(2)]
+
+
+@pytest.mark.parametrize("dtype, total", [
+    (jnp.float32, 10), (jnp.float32, None), (jnp.int32, None)])
+def test_a_packed_step_comes_back_exactly(dtype, total):
+  """A float32 holds integers up to 2**24: a step that may be larger (a
+  while_loop's) travels in two parts."""
+  from host_callback.loops.emission import INACTIVE, Packing
+  value = jnp.zeros((), dtype)
+  packing = Packing.of([value], total)
+  for step in (0, 7, 2**24 + 3, 2**31 - 1, -1, INACTIVE):
+    if total is not None and step > total:
+      continue
+    sent = np.asarray(jax.jit(packing.pack)(jnp.int32(step), [value]))
+    assert packing.step_of(sent) == step
+
+
+def test_a_tap_site_s_events_are_frozen_tap_events():
+  import dataclasses
+  from host_callback.loops.events import site_events
+  event = site_events("scan[0]", 3, "carry")(1, 2.0, None)
+  assert type(event) is tap.TapEvent
+  assert event == tap.TapEvent("scan[0]", 1, 2.0, 3)
+  assert dataclasses.asdict(event)["step"] == 1
+  with pytest.raises(dataclasses.FrozenInstanceError):
+    event.step = 2
+
+
+def test_a_prng_key_selected_arrives_as_its_key_data():
+  def keys(k):
+    return jax.lax.scan(lambda c, _: (jax.random.split(c)[0], None), k, None,
+                        length=2)[0]
+  g, rec = tap.record(keys, select=lambda leaves: leaves[0])
+  jax.jit(g)(jax.random.key(0))
+  hcb.barrier_wait()
+  assert [e.step for e in rec.events] == [0, 1]
+  assert all(np.asarray(e.value).dtype == np.uint32 for e in rec.events)
+
+
+def test_an_unsampled_step_runs_only_a_compare_and_a_cond():
+  """With sample_every=k the select, the packing and the tap are all in the
+  cond's taken branch: outside it the body has the step's bookkeeping
+  and the user's own work only."""
+  def scan(x):
+    return jax.lax.scan(lambda c, _: (jnp.tanh(c), None), x, None,
+                        length=10)[0]
+  watched = tap.verbose(scan, on_step=lambda e: None, sample_every=5,
+                        select=lambda leaves: jnp.sum(leaves[0]))
+  jaxpr = jax.make_jaxpr(watched)(jnp.ones(4)).jaxpr
+  body = next(e for e in jaxpr.eqns
+              if e.primitive.name == "scan").params["jaxpr"].jaxpr
+  outside = [e.primitive.name for e in body.eqns]
+  assert outside.count("cond") == 1
+  assert not {"host_callback", "reduce_sum", "concatenate"} & set(outside)
+  cond = next(e for e in body.eqns if e.primitive.name == "cond")
+  taken = [e.primitive.name for e in cond.params["branches"][1].jaxpr.eqns]
+  assert {"host_callback", "reduce_sum"} <= set(taken)

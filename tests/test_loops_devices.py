@@ -1,7 +1,8 @@
 """host_callback.loops on several devices and over long runs: the device
-of each event under `pmap` and a sharded `jit` (each device's events in
-its program order, all delivered by `barrier_wait`), and a recorder that
-keeps the last N events."""
+of each event under `pmap`, `shard_map` and a sharded `jit`, whole or
+per shard with `partitioned=True` (each device's events in its program
+order, all delivered by `barrier_wait`), and a recorder that keeps the
+last N events."""
 
 import jax
 import jax.numpy as jnp
@@ -91,3 +92,56 @@ def test_a_recorder_s_events_can_be_cleared_as_jax_tap_s():
 def test_a_recorder_bound_must_be_positive():
   with pytest.raises(ValueError, match="max_events must be None or >= 1"):
     tap.FlightRecorder(max_events=0)
+
+
+def _mesh(devices):
+  """A mesh with explicit axes (jax.make_mesh's default) over `devices`."""
+  return jax.make_mesh((len(devices),), ("i",), devices=devices)
+
+
+@pytest.mark.usefixtures("both_modes")
+def test_shard_map_each_device_reports_its_shard_s_steps_in_order():
+  devices = cpu_devices(4)
+  events = []
+  g = jax.jit(jax.shard_map(
+      tap.verbose(count, on_step=events.append,
+                  select=lambda leaves: leaves[0]),
+      mesh=Mesh(np.array(devices), ("i",)), in_specs=P("i"),
+      out_specs=P("i")))
+  out = g(jnp.arange(8.0))
+  hcb.barrier_wait()
+  assert np.asarray(out).tolist() == [float(i + STEPS) for i in range(8)]
+  # Device i holds [2i, 2i + 1]: after step s, their sum is 4i + 1 + 2(s+1).
+  assert by_device(events) == {
+      d: [(s, 4.0 * i + 1 + 2 * (s + 1)) for s in range(STEPS)]
+      for i, d in enumerate(devices)}
+
+
+@pytest.mark.usefixtures("both_modes")
+def test_partitioned_sharded_jit_gives_each_device_its_shard_s_events():
+  devices = cpu_devices(4)
+  mesh = _mesh(devices)
+  x = jax.device_put(jnp.arange(8.0), NamedSharding(mesh, P("i")))
+  with tap.record(select=lambda leaves: leaves[0], partitioned=True) as rec:
+    out = jax.jit(count)(x)
+  assert np.asarray(out).tolist() == [float(i + STEPS) for i in range(8)]
+  assert by_device(rec.events) == {
+      d: [(s, 4.0 * i + 1 + 2 * (s + 1)) for s in range(STEPS)]
+      for i, d in enumerate(devices)}
+  assert all(np.shape(e.value) == (2,) for e in rec.events)
+
+
+@pytest.mark.usefixtures("both_modes")
+def test_several_devices_events_are_all_in_after_barrier_wait():
+  """pmap and a sharded jit return before their taps ran: barrier_wait
+  is what waits for their events, then a second call's come in order."""
+  devices = cpu_devices(4)
+  events = []
+  g = jax.pmap(tap.verbose(count, on_step=events.append,
+                           select=lambda leaves: leaves[0]), devices=devices)
+  g(jnp.zeros(4))
+  g(jnp.ones(4))
+  hcb.barrier_wait()
+  assert by_device(events) == {
+      d: [(s, float(s + 1)) for s in range(STEPS)] +
+         [(s, float(s + 2)) for s in range(STEPS)] for d in devices}

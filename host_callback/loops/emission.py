@@ -1,10 +1,14 @@
 """The device side of a tap: what one loop or primitive sends, through
 `host_callback.id_tap`, and the host function that turns it into events.
 
-A tap sends the step, for a `while_loop` whether the step is real (under
-`vmap` a finished lane runs on without being active), and the leaves of
-what `select` returned. With `sample_every=k` the tap sits in a `lax.cond`
-on `step % k == 0`, so unsampled steps neither select nor send.
+A tap sends the step (for a `while_loop`, INACTIVE where the step is not
+real: under `vmap` a finished lane runs on without being active) and the
+leaves of what `select` returned: where they are small and of one 4- or
+8-byte dtype (a scalar loss, a norm, nothing), all in one array whose
+first element holds the step's bits, so that an event is one operand of
+one tap; else the step, then the leaves. With `sample_every=k` the tap sits
+in a `lax.cond` on `step % k == 0`, so unsampled steps neither select nor
+send.
 """
 
 from __future__ import annotations
@@ -12,14 +16,17 @@ from __future__ import annotations
 import dataclasses
 import functools
 import inspect
+import math
 import operator
-from typing import Any, Callable, Iterator, Optional, Protocol, Sequence
+from typing import (Any, Callable, Iterator, Optional, Protocol, Sequence,
+                    Tuple)
 
 import jax
+import jax.numpy as jnp
 import numpy as np
 
 from .. import api
-from .events import TapEvent, of_site
+from .events import TapEvent, site_events
 from .primitive_taps import PrimitiveTap
 
 
@@ -73,49 +80,140 @@ def _lanes(leaves: tuple, batches: Sequence[tuple]) -> Iterator[tuple]:
                             for leaf, d in zip(leaves, dims)), inner)
 
 
+# The step sent for a while_loop step that is not real (a finished `vmap`
+# lane runs on without being active): the host makes no event of it. Real
+# steps are >= 0, and -1 outside loops (a primitive tap's).
+INACTIVE = -2
+
+# A value of at most this many elements travels in one array with its step
+# (see `Packing`); a larger one in its own arrays.
+_PACKED_MAX = 1024
+
+# A float32 holds every integer up to 2**24 exactly: a step that may be
+# larger travels as two floats, `step // _SPLIT` and `step % _SPLIT`.
+_SPLIT = 1 << 24
+
 _ONE_LEAF = jax.tree_util.tree_structure(0)
 
 
-def _value_builder(treedef: Any, first: int) -> Callable[[tuple], Any]:
-  """Rebuilds `select`'s value from a tap's `(step, [active,] *leaves)`:
-  one leaf as it is, a flat tuple as a tuple, any other tree by
-  unflattening."""
+def _value_builder(treedef: Any) -> Callable[[Sequence[Any]], Any]:
+  """Rebuilds `select`'s value from its leaves: one leaf as it is, a flat
+  tuple as a tuple, any other tree by unflattening."""
   if treedef == _ONE_LEAF:
-    return operator.itemgetter(first)
+    return operator.itemgetter(0)
   if treedef == jax.tree_util.tree_structure((0,) * treedef.num_leaves):
-    return operator.itemgetter(slice(first, None))
-  return lambda sent: jax.tree_util.tree_unflatten(treedef, sent[first:])
+    return tuple
+  return functools.partial(jax.tree_util.tree_unflatten, treedef)
 
 
-class _HostSide:
-  """The host function of one tap site (compared by identity): what does
-  not change from step to step (the path, total, kind, how to rebuild the
-  value, where events go) is fixed when the site is traced. It gets
-  `(step, [active,] *leaves)`, `active` for a while_loop: whether the step
-  is real (a finished `vmap` lane's is not, and makes no event)."""
+@dataclasses.dataclass(frozen=True)
+class Packing:
+  """One array that carries a step and the leaves of its value: `head`
+  elements of `dtype` hold the step as a number (two, `step // _SPLIT` and
+  `step % _SPLIT`, where a float32 might not hold it exactly), then each
+  leaf, raveled. An event is then one operand of one tap: a second operand
+  cost more than the few device instructions that pack it, or unpacking
+  it on the host."""
+  dtype: np.dtype
+  head: int
 
-  def __init__(self, path: str, total: Optional[int], kind: str,
-               treedef: Any, gated_by_activity: bool,
-               deliver: Callable[[TapEvent], None]) -> None:
-    self._site = (path, total, kind)
-    self._gated = gated_by_activity
-    self._value = _value_builder(treedef, 2 if gated_by_activity else 1)
-    self._deliver = deliver
+  @classmethod
+  def of(cls, leaves: Sequence[Any], total: Optional[int]
+         ) -> Optional["Packing"]:
+    """The packing of `leaves` (small, of one 4- or 8-byte signed integer
+    or float dtype; nothing: the step alone), or None where they travel as
+    they are, after the step. `total`: the loop's length where known."""
+    if not leaves:
+      return cls(np.dtype(np.int32), 1)
+    dtypes = {leaf.dtype for leaf in leaves}
+    dtype = dtypes.pop()
+    if (dtypes or not isinstance(dtype, np.dtype)  # a PRNG key's, say
+        or dtype.kind not in "if" or dtype.itemsize not in (4, 8)
+        or sum(math.prod(leaf.shape) for leaf in leaves) > _PACKED_MAX):
+      return None
+    exact = (dtype != np.float32
+             or (total is not None and total <= _SPLIT))
+    return cls(dtype, 1 if exact else 2)
 
-  def __repr__(self) -> str:  # what a printed jaxpr shows
-    path, _, kind = self._site
-    return f"<host_callback.loops tap of {path} ({kind})>"
+  def pack(self, step: Any, leaves: Sequence[Any]) -> Any:
+    """The device side: the array."""
+    head = ([step] if self.head == 1 else
+            [step // _SPLIT, step % _SPLIT])
+    return jnp.concatenate(
+        [jnp.asarray(head).astype(self.dtype),
+         *(leaf.reshape(-1) for leaf in leaves)])
 
-  def __call__(self, sent: tuple, transforms: tuple, device: Any = None
-               ) -> None:
-    if transforms:
-      batches = [params["batch_dims"] for name, params in transforms
-                 if name == "batch"]
-      for lane in _lanes(tuple(sent), batches):
-        self(lane, (), device)
-    elif not self._gated or sent[1]:
-      self._deliver(of_site(self._site, sent[0].item(), self._value(sent),
-                            device))
+  def step_of(self, sent: np.ndarray) -> int:
+    if self.head == 1:
+      return int(sent.item(0))
+    return int(sent.item(0)) * _SPLIT + int(sent.item(1))
+
+  def decoder(self, shapes: Sequence[Tuple[int, ...]], treedef: Any
+              ) -> Callable[[np.ndarray], Any]:
+    """The host side: the value of an array that `pack` made, its leaves
+    views of it."""
+    bounds, start = [], self.head
+    for shape in shapes:
+      size = math.prod(shape)
+      bounds.append((start, start + size, shape))
+      start += size
+    value = _value_builder(treedef)
+    return lambda sent: value([sent[begin:end].reshape(shape)
+                               for begin, end, shape in bounds])
+
+
+def _each_lane(tap: Callable[..., None], sent: Any, transforms: tuple,
+               device: Any, packed: bool) -> None:
+  """`tap` on what each `vmap` lane sent."""
+  batches = [params["batch_dims"] for name, params in transforms
+             if name == "batch"]
+  for lane in _lanes((sent,) if packed else tuple(sent), batches):
+    tap(lane[0] if packed else lane, (), device)
+
+
+def host_side(path: str, total: Optional[int], kind: str,
+              packing: Optional[Packing], treedef: Any,
+              shapes: Sequence[Tuple[int, ...]],
+              deliver: Callable[[TapEvent], None]) -> Callable[..., None]:
+  """The host function of one tap site, a new function for each (compared
+  by identity): what does not change from step to step (the path, total,
+  kind, how to decode what was sent, where events go) is fixed when the
+  site is traced. It gets one array (a site with a `packing`) or `(step,
+  *leaves)`; a step of INACTIVE makes no event. A plain function, not an
+  object with `__call__`: the consumer calls it with `device=` for every
+  event, which costs an object more."""
+  event = site_events(path, total, kind)
+  packed = packing is not None
+  if packed and packing.head == 1 and treedef == _ONE_LEAF and shapes[0] == ():
+    # The usual `select`, one scalar (`[step, value]`): decoded inline, the
+    # value a 0-d view, as an unpacked leaf is.
+    def tap(sent: Any, transforms: tuple, device: Any = None) -> None:
+      if transforms:
+        _each_lane(tap, sent, transforms, device, packed)
+        return
+      step = int(sent.item(0))
+      if step != INACTIVE:
+        deliver(event(step, sent[..., 1], device))
+  else:
+    if packing is not None:
+      step_of, value_of = packing.step_of, packing.decoder(shapes, treedef)
+    else:
+      values = _value_builder(treedef)
+      step_of = lambda sent: sent[0].item()  # noqa: E731
+      value_of = lambda sent: values(sent[1:])  # noqa: E731
+
+    def tap(sent: Any, transforms: tuple, device: Any = None) -> None:
+      if transforms:
+        _each_lane(tap, sent, transforms, device, packed)
+        return
+      step = step_of(sent)
+      if step != INACTIVE:
+        deliver(event(step, value_of(sent), device))
+
+  # What a printed jaxpr and an error show.
+  tap.__name__ = tap.__qualname__ = (
+      f"host_callback.loops tap of {path} ({kind})")
+  return tap
 
 
 @dataclasses.dataclass(frozen=True)
@@ -125,6 +223,7 @@ class Emitter:
   select: Optional[Callable[..., Any]] = None
   select_ys: Optional[Callable[..., Any]] = None
   sample_every: int = 1
+  partitioned: bool = False
 
   def _send(self, step: Any, sent: Callable[[], Any],
             deliver: Callable[[TapEvent], None], *, path: str,
@@ -135,13 +234,23 @@ class Emitter:
     events and gives them to `deliver`."""
     def tap() -> None:
       leaves, treedef = jax.tree_util.tree_flatten(sent())
-      extra = () if active is None else (active(),)
-      host = _HostSide(path, total, kind, treedef, active is not None,
-                       deliver)
-      api.id_tap(host, (step, *extra, *leaves), tap_with_device=True)
+      leaves = [jnp.asarray(leaf) for leaf in leaves]
+      code = (step if active is None
+              else jnp.where(active(), step, jnp.int32(INACTIVE)))
+      # A partitioned tap sends each device's shard of each leaf: no
+      # packing, which would make one array of the step and the shards.
+      packing = None if self.partitioned else Packing.of(leaves, total)
+      host = host_side(path, total, kind, packing, treedef,
+                       [leaf.shape for leaf in leaves], deliver)
+      api.id_tap(host, (code, *leaves) if packing is None
+                 else packing.pack(code, leaves), tap_with_device=True,
+                 partitioned=self.partitioned)
 
     if gated and self.sample_every > 1:
-      jax.lax.cond(step % self.sample_every == 0, tap, lambda: None)
+      # Steps are >= 0 here: a plain remainder, no sign fix-up. The select,
+      # the packing and the tap are all in the taken branch.
+      jax.lax.cond(jax.lax.rem(step, jnp.int32(self.sample_every)) == 0,
+                   tap, lambda: None)
     else:
       tap()
 

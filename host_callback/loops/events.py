@@ -4,7 +4,7 @@ primitive's outputs."""
 from __future__ import annotations
 
 import dataclasses
-from typing import Any, Optional, Tuple
+from typing import Any, Callable, Optional
 
 _new = object.__new__
 
@@ -36,22 +36,25 @@ class TapEvent:
   device: Any = None
 
 
-_SETTERS = tuple(getattr(TapEvent, field.name).__set__
-                 for field in dataclasses.fields(TapEvent))
+# TapEvent's slots, not frozen: an event is filled as one of these, by plain
+# attribute stores (the frozen `__init__`, or the slots' own setters, cost
+# about twice as much), then becomes a TapEvent, which Python allows
+# because the two lay out their instances alike.
+_Unfrozen = type("_UnfrozenTapEvent", (), {"__slots__": TapEvent.__slots__})
 
 
-def of_site(site: Tuple[str, Optional[int], str], step: int, value: Any,
-            device: Any) -> TapEvent:
-  """The event of a tap site whose `(path, total, kind)` is `site`: what a
-  tap's host function makes for every step, filling the slots as the
-  frozen `__init__` would without its per-field lookups."""
-  event = _new(TapEvent)
-  set_path, set_step, set_value, set_total, set_kind, set_device = _SETTERS
-  path, total, kind = site
-  set_path(event, path)
-  set_step(event, step)
-  set_value(event, value)
-  set_total(event, total)
-  set_kind(event, kind)
-  set_device(event, device)
-  return event
+def site_events(path: str, total: Optional[int], kind: str
+                ) -> Callable[[int, Any, Any], TapEvent]:
+  """`make(step, value, device)`: the events of a tap site whose path,
+  total and kind are these, what its host function makes for every step."""
+  def make(step: int, value: Any, device: Any) -> TapEvent:
+    event = _new(_Unfrozen)
+    event.path = path
+    event.step = step
+    event.value = value
+    event.total = total
+    event.kind = kind
+    event.device = device
+    event.__class__ = TapEvent
+    return event
+  return make

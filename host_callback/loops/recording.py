@@ -101,7 +101,8 @@ class _Block:
         run, _Router(self), select=o["select"], select_ys=o["select_ys"],
         sample_every=o["sample_every"],
         loop_filters=filters(o["ops"], o["where"], o["max_depth"]),
-        taps=o["taps"], first_index=next(self._numbers))
+        taps=o["taps"], partitioned=o["partitioned"],
+        first_index=next(self._numbers))
 
 
 def _close(closes: Callable[[_Block], bool]) -> None:
@@ -196,7 +197,8 @@ def record(f: Optional[Callable[..., Any]] = None, *,
            on_step: Optional[Observer] = None,
            alert: Optional[Callable[[TapEvent], Any]] = None,
            alert_once: bool = False,
-           max_events: Optional[int] = None
+           max_events: Optional[int] = None,
+           partitioned: bool = False
            ) -> Union[Tuple[Callable[..., Any], FlightRecorder], _Block]:
   """Records the events of unmodified code in a `FlightRecorder`::
 
@@ -208,9 +210,11 @@ def record(f: Optional[Callable[..., Any]] = None, *,
 
   The options are `verbose`'s; `on_step` (and `on_ys`) hear every event as
   well as the recorder. `max_events=N` keeps the last N events only
-  (`rec.dropped` counts the others), for long runs. In a block, only loops traced in it report: a
-  function compiled before the block (a `jax.jit` cache hit) has no taps,
-  and one compiled in a block keeps that block's `select`. The block waits
+  (`rec.dropped` counts the others), for long runs. `partitioned=True`:
+  under a sharded `jit`, each device reports its own shard (see
+  `verbose`). In a block, only loops traced in it report: a function
+  compiled before the block (a `jax.jit` cache hit) has no taps, and one
+  compiled in a block keeps that block's `select`. The block waits
   for the taps of what ran in it (`barrier_wait`) when it closes.
   """
   check_options(sample_every, select_ys, ops)
@@ -219,7 +223,8 @@ def record(f: Optional[Callable[..., Any]] = None, *,
                   alert_ys=alert_ys, alert_ys_once=alert_ys_once, ops=ops,
                   sample_every=sample_every, where=where,
                   max_depth=max_depth, taps=tuple(taps), on_step=on_step,
-                  alert=alert, alert_once=alert_once, max_events=max_events)
+                  alert=alert, alert_once=alert_once, max_events=max_events,
+                  partitioned=partitioned)
   recorder = FlightRecorder(max_events)
   wants_ys = bool(on_ys or select_ys or alert_ys)
   sink = Observers.of(_both(recorder, on_step), alert, alert_once,
@@ -228,7 +233,7 @@ def record(f: Optional[Callable[..., Any]] = None, *,
   return instrumented(f, sink, select=select, select_ys=select_ys,
                       sample_every=sample_every,
                       loop_filters=filters(ops, where, max_depth),
-                      taps=taps), recorder
+                      taps=taps, partitioned=partitioned), recorder
 
 
 def emergency_restore() -> None:

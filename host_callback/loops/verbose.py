@@ -40,9 +40,10 @@ def instrumented(f: Callable[..., Any], sink: Sink, *,
                  select: Optional[Callable[..., Any]],
                  select_ys: Optional[Callable[..., Any]], sample_every: int,
                  loop_filters: Filters, taps: Sequence[PrimitiveTap],
+                 partitioned: bool = False,
                  first_index: int = 0) -> Callable[..., Any]:
   """`f` with its loops and `taps` reporting to `sink`."""
-  walker = Walker(Emitter(sink, select, select_ys, sample_every),
+  walker = Walker(Emitter(sink, select, select_ys, sample_every, partitioned),
                   loop_filters, tuple(taps))
 
   @functools.wraps(f)
@@ -69,7 +70,8 @@ def verbose(f: Callable[..., Any], *,
             sample_every: int = 1,
             where: Optional[Callable[[str], bool]] = None,
             max_depth: Optional[int] = None,
-            taps: Sequence[PrimitiveTap] = ()) -> Callable[..., Any]:
+            taps: Sequence[PrimitiveTap] = (),
+            partitioned: bool = False) -> Callable[..., Any]:
   """`f`, returning the same values (and gradients), with every step of its
   `lax.scan` and `lax.while_loop` loops reported to `on_step` as a
   `TapEvent`.
@@ -92,6 +94,10 @@ def verbose(f: Callable[..., Any], *,
     max_depth: report only loops whose path has at most this many "/".
     taps: primitive taps (`on`, `watch_nan`, `print`); they fire in every
       loop, whatever `ops`, `where` and `max_depth` say.
+    partitioned: under a sharded `jit`, each device reports its own shard
+      of what `select` returned, as `id_tap(..., partitioned=True)` sends
+      it (an extension: jax-tap has no such option). Without it one
+      device reports the whole value.
 
   The events of a call have been delivered when it returns, in the
   synchronous mode (the CPU default), after `host_callback.barrier_wait()`
@@ -103,4 +109,5 @@ def verbose(f: Callable[..., Any], *,
                       alert_ys_once)
   return instrumented(f, sink, select=select, select_ys=select_ys,
                       sample_every=sample_every,
-                      loop_filters=filters(ops, where, max_depth), taps=taps)
+                      loop_filters=filters(ops, where, max_depth), taps=taps,
+                      partitioned=partitioned)
