@@ -28,7 +28,7 @@ import numpy as np
 from ..host.device_numbers import device_by_number
 from ..host.host_functions import HostFunction
 from ..primitive import primitive
-from .events import TapEvent, site_events
+from .events import TapEvent, Unfrozen, site_events
 from .primitive_taps import PrimitiveTap
 
 
@@ -210,7 +210,8 @@ def host_side(path: str, total: Optional[int], kind: str,
   if packing is not None and packing.head == 1 and treedef == _ONE_LEAF and (
       shapes[0] == ()):
     # The usual `select`, one scalar (`[step, value]`): decoded inline, the
-    # value a 0-d view, as an unpacked leaf is.
+    # value a 0-d view, as an unpacked leaf is; the event made inline, as
+    # `site_events` makes it.
     def consume(arrays: Sequence[Any], device_id: int,
                 transforms: tuple = ()) -> None:
       if transforms:
@@ -222,7 +223,15 @@ def host_side(path: str, total: Optional[int], kind: str,
         device = devices.get(device_id)
         if device is None:
           device = device_of(device_id)
-        deliver(event(step, sent[..., 1], device))
+        event = Unfrozen()
+        event.path = path
+        event.step = step
+        event.value = sent[..., 1]
+        event.total = total
+        event.kind = kind
+        event.device = device
+        event.__class__ = TapEvent
+        deliver(event)
   else:
     def consume(arrays: Sequence[Any], device_id: int,
                 transforms: tuple = ()) -> None:
