@@ -90,7 +90,9 @@ class HostFunction:
   `with_stream`: it gets `stream=`, the GPU's stream where it runs on a
   GPU's buffers, else None.
   `consumer_context`: set where `func` is a consumer already, which names
-  the context of its errors itself (the eager ops' dispatcher, eager.py).
+  the context of its errors itself (the eager ops' dispatcher, eager.py; a
+  loop tap, loops/emission.py): it is called as `func(arrays, device_id)`,
+  with `transforms=` (as a tap function gets them) where there are any.
   """
   func: Callable[..., Any]
   arg_treedef: Any
@@ -296,6 +298,9 @@ def make_consumer(function: HostFunction, transforms: Transforms,
   device objects) is prepared once, here.
   """
   func = function.func
+  if function.consumer_context is not None:  # a consumer already
+    return (functools.partial(func, transforms=unpack_transforms(transforms))
+            if transforms else func)
   argument = _argument_builder(function.arg_treedef)
   unpacked = unpack_transforms(transforms)
   devices: Dict[int, Dict[str, Any]] = {}

@@ -92,8 +92,10 @@ def register(function: HostFunction, transforms: Transforms) -> int:
       context: Union[str, Callable[[], str]]
       if function.consumer_context is not None:
         # A host function that is a consumer already, and names the error
-        # context itself: the eager ops' dispatcher (eager.py).
-        consumer, context = function.func, function.consumer_context
+        # context itself: the eager ops' dispatcher (eager.py), a loop tap
+        # (loops/emission.py). The consumer holds `function.func` only.
+        consumer = make_consumer(function, transforms, device_by_number)
+        context = function.consumer_context
       else:
         context = context_of(function)
         # The consumer holds a copy: the receiver must not keep `function`

@@ -45,6 +45,16 @@ def guarded(callback: Observer, event: TapEvent) -> None:
     _warn_once(_warned, callback, "on_step callback", error)
 
 
+def guarding(callback: Observer) -> Observer:
+  """`callback`, guarded as `guarded` guards it, in one call per event."""
+  def guarded_callback(event: TapEvent) -> None:
+    try:
+      callback(event)
+    except Exception as error:  # noqa: BLE001
+      _warn_once(_warned, callback, "on_step callback", error)
+  return guarded_callback
+
+
 def _write(line: str) -> None:
   try:
     sys.stderr.write(line + "\n")
@@ -121,7 +131,7 @@ def _chain(alert: Optional[Alert], callback: Optional[Observer]
   if callback is None:
     return alert
   if alert is None:
-    return functools.partial(guarded, callback)
+    return guarding(callback)
 
   def both(event: TapEvent) -> None:
     alert(event)

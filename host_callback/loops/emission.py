@@ -18,15 +18,17 @@ import functools
 import inspect
 import math
 import operator
-from typing import (Any, Callable, Iterator, Optional, Protocol, Sequence,
-                    Tuple)
+from typing import (Any, Callable, Dict, Iterator, Optional, Protocol,
+                    Sequence, Tuple)
 
 import jax
 import jax.numpy as jnp
 import numpy as np
 
-from .. import api
-from .events import TapEvent, site_events
+from ..host.device_numbers import device_by_number
+from ..host.host_functions import HostFunction
+from ..primitive import primitive
+from .events import TapEvent, Unfrozen, site_events
 from .primitive_taps import PrimitiveTap
 
 
@@ -162,58 +164,93 @@ class Packing:
                                for begin, end, shape in bounds])
 
 
-def _each_lane(tap: Callable[..., None], sent: Any, transforms: tuple,
-               device: Any, packed: bool) -> None:
-  """`tap` on what each `vmap` lane sent."""
-  batches = [params["batch_dims"] for name, params in transforms
-             if name == "batch"]
-  for lane in _lanes((sent,) if packed else tuple(sent), batches):
-    tap(lane[0] if packed else lane, (), device)
-
-
 def host_side(path: str, total: Optional[int], kind: str,
               packing: Optional[Packing], treedef: Any,
               shapes: Sequence[Tuple[int, ...]],
               deliver: Callable[[TapEvent], None]) -> Callable[..., None]:
   """The host function of one tap site, a new function for each (compared
   by identity): what does not change from step to step (the path, total,
-  kind, how to decode what was sent, where events go) is fixed when the
-  site is traced. It gets one array (a site with a `packing`) or `(step,
-  *leaves)`; a step of INACTIVE makes no event. A plain function, not an
-  object with `__call__`: the consumer calls it with `device=` for every
-  event, which costs an object more."""
+  kind, how to decode what was sent, where events go, the devices) is
+  fixed when the site is traced. It is a consumer (see
+  `HostFunction.consumer_context`), called as `consume(arrays, device_id)`
+  for every event, with `transforms=` under `vmap`: the device comes as
+  its number, with no keyword argument to build. `arrays` is one array (a
+  site with a `packing`) or `[step, *leaves]`; a step of INACTIVE makes no
+  event."""
   event = site_events(path, total, kind)
-  packed = packing is not None
-  if packed and packing.head == 1 and treedef == _ONE_LEAF and shapes[0] == ():
+  devices: Dict[int, Any] = {}  # by number
+
+  def device_of(number: int) -> Any:
+    device = devices.get(number)
+    if device is None:
+      device = devices[number] = device_by_number(number)
+    return device
+
+  if packing is not None:
+    step_of, value_of = packing.step_of, packing.decoder(shapes, treedef)
+  else:
+    values = _value_builder(treedef)
+    step_of = lambda sent: sent[0].item()  # noqa: E731
+    value_of = lambda sent: values(sent[1:])  # noqa: E731
+
+  def emit(sent: Any, device: Any) -> None:
+    """The event of what one step (or one `vmap` lane) sent."""
+    step = step_of(sent)
+    if step != INACTIVE:
+      deliver(event(step, value_of(sent), device))
+
+  def lanes(arrays: Sequence[Any], device_id: int, transforms: tuple) -> None:
+    """The events of each `vmap` lane."""
+    batches = [params["batch_dims"] for name, params in transforms
+               if name == "batch"]
+    device = device_of(device_id)
+    for lane in _lanes(tuple(arrays), batches):
+      emit(lane[0] if packing is not None else lane, device)
+
+  if packing is not None and packing.head == 1 and treedef == _ONE_LEAF and (
+      shapes[0] == ()):
     # The usual `select`, one scalar (`[step, value]`): decoded inline, the
-    # value a 0-d view, as an unpacked leaf is.
-    def tap(sent: Any, transforms: tuple, device: Any = None) -> None:
+    # value a 0-d view, as an unpacked leaf is; the event made inline, as
+    # `site_events` makes it.
+    def consume(arrays: Sequence[Any], device_id: int,
+                transforms: tuple = ()) -> None:
       if transforms:
-        _each_lane(tap, sent, transforms, device, packed)
+        lanes(arrays, device_id, transforms)
         return
+      sent = arrays[0]
       step = int(sent.item(0))
       if step != INACTIVE:
-        deliver(event(step, sent[..., 1], device))
+        device = devices.get(device_id)
+        if device is None:
+          device = device_of(device_id)
+        event = Unfrozen()
+        event.path = path
+        event.step = step
+        event.value = sent[..., 1]
+        event.total = total
+        event.kind = kind
+        event.device = device
+        event.__class__ = TapEvent
+        deliver(event)
   else:
-    if packing is not None:
-      step_of, value_of = packing.step_of, packing.decoder(shapes, treedef)
-    else:
-      values = _value_builder(treedef)
-      step_of = lambda sent: sent[0].item()  # noqa: E731
-      value_of = lambda sent: values(sent[1:])  # noqa: E731
-
-    def tap(sent: Any, transforms: tuple, device: Any = None) -> None:
+    def consume(arrays: Sequence[Any], device_id: int,
+                transforms: tuple = ()) -> None:
       if transforms:
-        _each_lane(tap, sent, transforms, device, packed)
-        return
-      step = step_of(sent)
-      if step != INACTIVE:
-        deliver(event(step, value_of(sent), device))
+        lanes(arrays, device_id, transforms)
+      else:
+        emit(arrays[0] if packing is not None else arrays,
+             device_of(device_id))
 
   # What a printed jaxpr and an error show.
-  tap.__name__ = tap.__qualname__ = (
+  consume.__name__ = consume.__qualname__ = (
       f"host_callback.loops tap of {path} ({kind})")
-  return tap
+  return consume
+
+
+def _error_context(name: str) -> Callable[[], str]:
+  """What names a site's consumer in the error of a device that waited for
+  it, as an `id_tap`'s is named."""
+  return lambda: f"host_callback.id_tap: the tap function {name}"
 
 
 @dataclasses.dataclass(frozen=True)
@@ -240,11 +277,18 @@ class Emitter:
       # A partitioned tap sends each device's shard of each leaf: no
       # packing, which would make one array of the step and the shards.
       packing = None if self.partitioned else Packing.of(leaves, total)
-      host = host_side(path, total, kind, packing, treedef,
-                       [leaf.shape for leaf in leaves], deliver)
-      api.id_tap(host, (code, *leaves) if packing is None
-                 else packing.pack(code, leaves), tap_with_device=True,
-                 partitioned=self.partitioned)
+      consume = host_side(path, total, kind, packing, treedef,
+                          [leaf.shape for leaf in leaves], deliver)
+      # Bound as `id_tap` binds it, with a host function that is a
+      # consumer (see `host_side`).
+      operands = ([code, *leaves] if packing is None
+                  else [packing.pack(code, leaves)])
+      function = HostFunction(
+          consume, jax.tree_util.tree_structure(operands), with_device=False,
+          is_call=False, partitioned=self.partitioned,
+          consumer_context=_error_context(consume.__name__))
+      primitive.bind(operands, function=function, num_args=len(operands),
+                     device_index=0)
 
     if gated and self.sample_every > 1:
       # Steps are >= 0 here: a plain remainder, no sign fix-up. The select,
