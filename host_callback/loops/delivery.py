@@ -37,16 +37,8 @@ def _warn_once(seen: Set[int], function: Any, what: str,
     pass
 
 
-def guarded(callback: Observer, event: TapEvent) -> None:
-  """`callback(event)`; an exception warns once per callback."""
-  try:
-    callback(event)
-  except Exception as error:  # noqa: BLE001
-    _warn_once(_warned, callback, "on_step callback", error)
-
-
 def guarding(callback: Observer) -> Observer:
-  """`callback`, guarded as `guarded` guards it, in one call per event."""
+  """`callback`, guarded: an exception warns once per callback."""
   def guarded_callback(event: TapEvent) -> None:
     try:
       callback(event)
@@ -133,9 +125,11 @@ def _chain(alert: Optional[Alert], callback: Optional[Observer]
   if alert is None:
     return guarding(callback)
 
+  guarded_callback = guarding(callback)
+
   def both(event: TapEvent) -> None:
     alert(event)
-    guarded(callback, event)
+    guarded_callback(event)
   return both
 
 
@@ -152,6 +146,8 @@ class Observers:
   def __post_init__(self) -> None:
     self._by_kind = {"carry": _chain(self.alert, self.on_step),
                      "output": _chain(self.alert_ys, self.on_ys)}
+    self._on_primitive = (None if self.on_step is None
+                          else guarding(self.on_step))
 
   @classmethod
   def of(cls, on_step: Optional[Observer],
@@ -173,6 +169,6 @@ class Observers:
       observer(event)
 
   def deliver_primitive(self, event: TapEvent, spec: PrimitiveTap) -> None:
-    if self.on_step is not None:
-      guarded(self.on_step, event)
+    if self._on_primitive is not None:
+      self._on_primitive(event)
     fire_spec(spec, event, self.fired_specs)

@@ -20,7 +20,7 @@ from typing import Any, Callable, List, Optional, Sequence, Tuple, Union
 from .. import api
 from . import patching
 from .collectors import FlightRecorder
-from .delivery import Observer, Observers, guarded
+from .delivery import Observer, Observers, guarding
 from .events import TapEvent
 from .primitive_taps import PrimitiveTap
 from .verbose import check_options, filters, instrumented
@@ -35,9 +35,11 @@ def _both(first: Observer, second: Optional[Observer]) -> Observer:
   if second is None:
     return first
 
+  guarded_first, guarded_second = guarding(first), guarding(second)
+
   def both(event: TapEvent) -> None:
-    guarded(first, event)
-    guarded(second, event)
+    guarded_first(event)
+    guarded_second(event)
   return both
 
 
