@@ -7,8 +7,8 @@ import functools
 import operator
 import threading
 import weakref
-from typing import (Any, Callable, Dict, Hashable, List, NamedTuple, NoReturn,
-                    Optional, Sequence, Tuple)
+from typing import (Any, Callable, Dict, Hashable, List, NamedTuple, Optional,
+                    Sequence, Tuple)
 
 import jax
 import numpy as np
@@ -349,11 +349,8 @@ def make_consumer(function: HostFunction, transforms: Transforms,
            outputs: Optional[Sequence[np.ndarray]] = None
            ) -> Sequence[np.ndarray]:
     del outputs  # lent by a direct run; only a buffers=True call fills them
-    arg, kwargs = argument(arrays), device_kwargs(device_id, arrays)
-    try:  # as _run_call does, inline: this runs for every call
-      result = func(arg, **kwargs)
-    except BaseException as error:  # pylint: disable=broad-except
-      _raise_call_error(function, device_id, error)
+    result = _run_call(function, device_id, func, argument(arrays),
+                       device_kwargs(device_id, arrays))
     return _check_results(function, result)
 
   return call
@@ -362,27 +359,20 @@ def make_consumer(function: HostFunction, transforms: Transforms,
 def _run_call(function: HostFunction, device_id: int,
               func: Callable[..., Any], arg: Any,
               kwargs: Dict[str, Any]) -> Any:
-  """`func(arg, **kwargs)`, a call's host function, whose errors reach the
-  caller as `_raise_call_error` raises them."""
+  """`func(arg, **kwargs)`, a call's host function: what it raises is a
+  CallError naming it, chained to the error (Ctrl-C is raised as it is),
+  and the device's stop listeners hear of it."""
   try:
     return func(arg, **kwargs)
-  except BaseException as error:  # pylint: disable=broad-except
-    _raise_call_error(function, device_id, error)
-
-
-def _raise_call_error(function: HostFunction, device_id: int,
-                      error: BaseException) -> NoReturn:
-  """Raises what a call's host function `error` is to its caller: a
-  CallError naming it, chained to the error (Ctrl-C is raised as it is);
-  the device's stop listeners hear of it."""
-  stop_listeners.notify(device_id, is_call=True)
-  # A KeyboardInterrupt of its own is its error too; Ctrl-C is not.
-  if (not isinstance(error, (Exception, KeyboardInterrupt)) or
-      interrupts.ctrl_c(error)):
-    raise error
-  raise CallError(
-      f"host_callback.call: {function.name} raised "
-      f"{type(error).__name__}: {error}") from error
+  except BaseException as error:
+    stop_listeners.notify(device_id, is_call=True)
+    # A KeyboardInterrupt of its own is its error too; Ctrl-C is not.
+    if (not isinstance(error, (Exception, KeyboardInterrupt)) or
+        interrupts.ctrl_c(error)):
+      raise
+    raise CallError(
+        f"host_callback.call: {function.name} raised "
+        f"{type(error).__name__}: {error}") from error
 
 
 # --- buffers=True: results taken as they are, or filled in place ------------
