@@ -21,6 +21,7 @@
 
 #include "executions.h"
 #include "ffi_common.h"
+#include "huge_pages.h"
 #include "hub.h"
 
 namespace hcb {
@@ -47,7 +48,7 @@ ffi::Error Outfeed(int32_t device_id, ffi::Token, ffi::RemainingArgs args,
 
 // A call: runs the host function on the arguments, or sends them as a
 // request packet and waits for the host's reply; either writes the results
-// (after the token).
+// (after the token), into buffers advised huge pages (huge_pages.h).
 ffi::Error Call(int32_t device_id, ffi::Token, ffi::RemainingArgs args,
                 ffi::Result<ffi::Token>, ffi::RemainingRets rets,
                 int64_t site) {
@@ -55,6 +56,10 @@ ffi::Error Call(int32_t device_id, ffi::Token, ffi::RemainingArgs args,
     Spans outputs(rets.size());
     if (ffi::Error error = ResultSpans(rets, &outputs); error.failure()) {
       return error;
+    }
+    for (size_t i = 0; i < outputs.size(); ++i) {
+      const Span& output = outputs.data()[i];
+      AdviseHugePages(output.data, static_cast<size_t>(output.bytes));
     }
     return ToError(Hub::Get().Call(device_id, site, arrays.data(),
                                    arrays.size(), outputs.data(),
