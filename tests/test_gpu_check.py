@@ -333,7 +333,11 @@ _TIMINGS = [("scan step, no tap", 9.422, "µs"),
             ("~1 ms step (12 products of 2048x2048): no tap, no barrier",
              0.765, "ms"),
             ("~1 ms step (12 products of 2048x2048): tap + barrier_wait() "
-             "every step (native)", 1.703, "ms")]
+             "every step (native)", 1.703, "ms"),
+            ("256 MiB identity round trip: one device-to-device copy "
+             "(jit(jnp.copy))", 0.21, "ms"),
+            ("256 MiB identity round trip: call buffers=True filling out= "
+             "(native, CuPy)", 0.52, "ms")]
 _BENCH = """x86_64, 16 cores, Python 3.12.3, jax 0.11.2, gpu
 | scenario | unit | hcb[python] | hcb[native] | no callback | io_callback | pure_callback | no callback / hcb[native] |
 |---|---|---|---|---|---|---|---|
@@ -354,11 +358,14 @@ def test_gpu_targets_are_judged_from_the_figures():
       ("call in a scan >= 5x cheaper than pure_callback", False),
       ("256 MiB tap <= 2x one pinned copy", True),
       ("256 MiB call round trip <= 4x one pinned copy", False),
+      ("256 MiB buffers=True round trip <= 2x one device-to-device copy",
+       False),
       ("~1 ms step with a tap and barrier_wait() <= 1.05x", False)]
   details = [detail for _, _, detail in checks]
   assert details[0] == "+9.1 µs (18.5 against 9.4)"
   assert details[2] == "4.43x (65.5 against 290.0 µs)"
   assert details[3] == "1.50x (7.31 against 4.87 ms)"
+  assert details[5] == "2.48x (0.52 against 0.21 ms)"
   # Without the hardware's figures the copy targets fail, saying why.
   missing = gpu_targets.target_checks(_TIMINGS, _BENCH, [])
   assert [detail for _, _, detail in missing][3:5] == ["not measured"] * 2

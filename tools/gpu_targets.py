@@ -106,6 +106,15 @@ def target_checks(rows: Sequence[Row], bench: str,
              lambda ours, copy: (ours / copy <= 4,
                                  f"{ours / copy:.1f}x ({ours:.1f} against "
                                  f"{copy:.2f} ms)")),
+      _judge("target: 256 MiB buffers=True round trip <= 2x one "
+             "device-to-device copy",
+             [_timing(rows, r"256 MiB identity round trip: call "
+                            r"buffers=True .*"),
+              _timing(rows, r"256 MiB identity round trip: one "
+                            r"device-to-device copy .*")],
+             lambda ours, copy: (ours / copy <= 2,
+                                 f"{ours / copy:.2f}x ({ours:.2f} against "
+                                 f"{copy:.2f} ms)")),
       _judge("target: ~1 ms step with a tap and barrier_wait() <= 1.05x",
              [_timing(rows, r".*: tap \+ barrier_wait\(\) every step "
                             r"\(native\)"),
