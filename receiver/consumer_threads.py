@@ -9,6 +9,7 @@ from typing import Deque, Dict, List, Mapping, Tuple
 
 from .errors import ErrorLog
 from .interrupts import ctrl_c
+from .native_library import native
 from .packets import POLL_SECONDS, Packet
 from .registry import ConsumerRegistry
 from .run_counts import QueueRuns, RunCounts
@@ -37,8 +38,11 @@ def _queue_lock(transport_name: str, device_id: int) -> threading.Lock:
 
 
 def in_consumer_thread() -> bool:
-  """True when called from inside a host function run by the receiver."""
-  return consumer_threads.active
+  """True when called from inside a host function run by the receiver, or
+  run directly by a device thread. The native runner marks its device
+  threads itself (at no cost to each run); the others, `consumer_thread`."""
+  return consumer_threads.active or (
+      native is not None and native.runs_host_function_here())
 
 
 class consumer_thread:  # pylint: disable=invalid-name

@@ -5,7 +5,6 @@ from __future__ import annotations
 import atexit
 import collections
 import dataclasses
-import functools
 import logging
 import os
 import threading
@@ -18,10 +17,10 @@ from . import abandon
 from .blocking import BlockingCalls
 from .errors import ErrorLog
 from .interrupts import ctrl_c
-from .consumer_threads import Receiver, consumer_thread, consumer_threads
-from .packets import DirectRunError, ReceiverStopped, device_error
+from .consumer_threads import Receiver, consumer_thread
+from .packets import DirectRun, DirectRunError, ReceiverStopped, device_error
 from .registry import Consumer, ConsumerRegistry, Tickets
-from .run_counts import QueueKey, RunCounts
+from .run_counts import QueueKey, QueueRuns, RunCounts
 from .transport import Transport
 
 logger = logging.getLogger("host_callback")
@@ -101,8 +100,7 @@ class Runtime:
         transports = dict(self._make_transports())
         for transport in transports.values():
           transport.set_restart_hook(self.receiver)
-          transport.set_direct_runner(
-              functools.partial(self.run_direct, transport.name))
+          transport.set_direct_runner(self.direct_runner(transport.name))
           transport.set_nested_consumer(
               lambda device_id, transport=transport:
               self.receiver().consume_nested(transport, device_id))
@@ -140,44 +138,51 @@ class Runtime:
       self._at_exit_registered = True
       self.blocking_calls.start()
 
-  def run_direct(self, name: str, consumer_id: int, device_id: int,
-                 arrays: List[Any],
-                 outputs: Optional[Sequence[Any]] = None,
-                 stream: Optional[int] = None
-                 ) -> Optional[Sequence[Any]]:
-    """Runs a consumer on the calling device thread, as its receiver thread
-    would (for the queue of transport `name`): an error is recorded, then
-    raised as `DirectRunError`. Once the process ends (`abandon`), fails.
-    `outputs`, the device's result buffers lent to a call's consumer (the
-    native runner lends them to a copy=False site's), go to the consumer,
-    which may fill them and return views of them. On a GPU (a buffers=True
-    site's call) `arrays` and `outputs` are `device_buffers.CudaBuffer`s
-    and `stream` the computation's, which the consumer also gets; it
-    writes the results into `outputs` on that stream."""
-    runs = self.runs.of(name, device_id)
-    if not runs.begin(queued=False):
-      raise ReceiverStopped("host_callback: the process is ending after "
-                            "Ctrl-C; host functions no longer run")
-    # As consumer_thread() does, inline: this runs for every direct request.
-    previous, consumer_threads.active = consumer_threads.active, True
-    try:
-      consumer = self.registry.get(consumer_id)
-      if outputs is None:
-        return consumer(arrays, device_id)
-      if stream is None:
-        return consumer(arrays, device_id, outputs)
-      return consumer(arrays, device_id, outputs, stream)
-    except BaseException as error:  # pylint: disable=broad-except
-      self.errors.record(error, delivered=True)  # the device fails with it
-      raise DirectRunError(error, self.registry.context(consumer_id),
-                           interrupted=ctrl_c(error)) from error
-    finally:
-      consumer_threads.active = previous
-      runs.end()
+  def direct_runner(self, name: str) -> DirectRun:
+    """`run(consumer_id, device_id, arrays[, outputs[, stream]])`: runs a
+    consumer on the calling device thread, as the receiver thread of
+    transport `name` would: an error is recorded, then raised as
+    `DirectRunError`. Once the process ends (`abandon`), fails. The
+    transport marks the thread as running host functions
+    (`in_consumer_thread`). `outputs`, the device's result buffers lent to
+    a call's consumer (the native runner lends them to a copy=False
+    site's), go to the consumer, which may fill them and return views of
+    them. On a GPU (a buffers=True site's call) `arrays` and `outputs` are
+    `device_buffers.CudaBuffer`s and `stream` the computation's, which the
+    consumer also gets; it writes the results into `outputs` on that
+    stream."""
+    # What does not change between runs is bound here: this runs for every
+    # direct request.
+    runs_by_device: Dict[int, QueueRuns] = {}
+    consumer_of = self.registry.get
+
+    def run_direct(consumer_id: int, device_id: int, arrays: List[Any],
+                   outputs: Optional[Sequence[Any]] = None,
+                   stream: Optional[int] = None) -> Optional[Sequence[Any]]:
+      runs = runs_by_device.get(device_id)
+      if runs is None:
+        runs = runs_by_device[device_id] = self.runs.of(name, device_id)
+      if not runs.begin(False):
+        raise ReceiverStopped("host_callback: the process is ending after "
+                              "Ctrl-C; host functions no longer run")
+      try:
+        consumer = consumer_of(consumer_id)
+        if outputs is None:
+          return consumer(arrays, device_id)
+        if stream is None:
+          return consumer(arrays, device_id, outputs)
+        return consumer(arrays, device_id, outputs, stream)
+      except BaseException as error:  # pylint: disable=broad-except
+        self.errors.record(error, delivered=True)  # the device fails with it
+        raise DirectRunError(error, self.registry.context(consumer_id),
+                             interrupted=ctrl_c(error)) from error
+      finally:
+        runs.end()
+    return run_direct
 
   def run_here(self, consumer: Consumer, context: str, device_id: int,
                arrays: List[np.ndarray]) -> Optional[Sequence[np.ndarray]]:
-    """Runs an unregistered consumer on the calling thread as `run_direct`
+    """Runs an unregistered consumer on the calling thread as a direct run
     does, and raises what a device that waited for it would."""
     with consumer_thread():
       try:

@@ -7,6 +7,7 @@ from typing import Callable, Dict, List, Optional, Sequence, Tuple
 
 import numpy as np
 
+from .consumer_threads import consumer_thread
 from .packets import (DirectRun, DirectRunError, Packet, ReceiverStopped,
                       Reply, device_error)
 from .queues import PacketQueue
@@ -117,7 +118,8 @@ class PythonTransport:
     answered by the receiver would."""
     try:
       consumer_id, read_only = self._site(site)
-      result = run(consumer_id, device_id, _owned(arrays, read_only))
+      with consumer_thread():
+        result = run(consumer_id, device_id, _owned(arrays, read_only))
     except DirectRunError as failure:
       # Chained as a reply's error is (device_error sets any __cause__).
       raise device_error(failure.cause, failure.context)  # pylint: disable=raise-missing-from

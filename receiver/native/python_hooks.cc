@@ -108,6 +108,10 @@ PyObject* SetDirectRunner(PyObject*, PyObject* args) {
   Py_RETURN_NONE;
 }
 
+PyObject* RunsHostFunctionOnThisThread(PyObject*, PyObject*) {
+  return PyBool_FromLong(RunsHostFunctionHere());
+}
+
 PyObject* SetInterruptThread(PyObject*, PyObject* args) {
   unsigned long long main_thread;
   if (!PyArg_ParseTuple(args, "K", &main_thread)) return nullptr;
@@ -124,6 +128,7 @@ PyMethodDef kHookMethods[] = {
     {"set_nested_consumer", SetNestedConsumer, METH_O, nullptr},
     {"set_direct_runner", SetDirectRunner, METH_VARARGS, nullptr},
     {"set_interrupt_thread", SetInterruptThread, METH_VARARGS, nullptr},
+    {"runs_host_function_here", RunsHostFunctionOnThisThread, METH_NOARGS, nullptr},
     {nullptr, nullptr, 0, nullptr},
 };
 

@@ -2,7 +2,8 @@
 // hook, the nested consumer, the interrupt hook, the direct runner), and the
 // module functions that set them (set_restart_hook, set_nested_consumer,
 // set_interrupt_thread, set_direct_runner, in kHookMethods; receiver/
-// transport_native.py calls them).
+// transport_native.py calls them), and runs_host_function_here, which
+// receiver/consumer_threads.py asks.
 //
 // The module functions run with the GIL, which guards the Python callables
 // they keep; the hooks take the GIL themselves (Rearm needs none).
@@ -19,6 +20,9 @@ PyObject* SetRestartHook(PyObject* module, PyObject* callable);
 PyObject* SetNestedConsumer(PyObject* module, PyObject* callable);
 PyObject* SetDirectRunner(PyObject* module, PyObject* args);
 PyObject* SetInterruptThread(PyObject* module, PyObject* args);
+// `runs_host_function_here()`: whether the calling thread runs a direct
+// run's host function now (python_runner.h:RunsHostFunctionHere).
+PyObject* RunsHostFunctionOnThisThread(PyObject* module, PyObject* unused);
 
 }  // namespace hcb::python
 

@@ -26,6 +26,10 @@ PyObject* runner = nullptr;  // owned references, or null
 PyObject* wire = nullptr;
 PyObject* device_buffer = nullptr;
 
+// How many direct runs' runner calls the calling thread is inside (a host
+// function may run JAX code that runs another): RunsHostFunctionHere.
+thread_local int runner_calls_here = 0;
+
 // Arguments of a large request are copied into one block of the hub's pool
 // (memory already touched: no page faults), as large packets are.
 constexpr int64_t kAlignBytes = 64;
@@ -490,7 +494,9 @@ DirectOutcome RunWithGil(const DirectRequest& request, std::string* error) {
     CheckViews(&output_views, &kept);
     return TakeException(error);
   }
+  ++runner_calls_here;
   PyObject* results = CallRunner(*site, request, args, outputs);
+  --runner_calls_here;
   Py_DECREF(args);
   Py_XDECREF(outputs);
   DirectOutcome outcome = DirectOutcome::kDone;
@@ -532,6 +538,8 @@ void SetRunner(PyObject* new_runner, PyObject* new_wire,
   Replace(&wire, new_wire);
   Replace(&device_buffer, new_device_buffer);
 }
+
+bool RunsHostFunctionHere() { return runner_calls_here > 0; }
 
 DirectOutcome Run(const DirectRequest& request, std::string* error) {
   PyGILState_STATE gil = PyGILState_Ensure();

@@ -41,6 +41,11 @@ namespace hcb::python {
 // All null: no direct runs. Needs the GIL.
 void SetRunner(PyObject* runner, PyObject* wire, PyObject* device_buffer);
 
+// Whether the calling thread runs a host function for a direct run now,
+// so that a barrier called from it would wait for itself. The runner keeps
+// this itself, so the Python runner marks nothing per run.
+bool RunsHostFunctionHere();
+
 // The DirectRunner (direct_runs.h); takes the GIL.
 DirectOutcome Run(const DirectRequest& request, std::string* error);
 
