@@ -21,9 +21,11 @@ beside the same scan without a bar.
 
 The loop rows time `host_callback.loops.verbose` and jax-tap's (its column
 is empty, with a note, where jax-tap is not installed): what an event with a
-scalar `select` adds to each step of a 20k-step trivial scan, and a 20k-step
-scan of a 64x64 matmul with `sample_every=100` beside the same scan without
-a lens.
+scalar `select` (the carry's mean) adds to each step of a 20k-step trivial
+scan, and a 2k-step scan of a 64x64 matmul with `sample_every=100` beside
+the same scan without a lens and with jax-tap's, run in turns, 90 of each
+(the median), since the VM's drift between long runs is larger than the
+difference.
 
 The large-array rows also time `jit(lambda x: x + 1)` on the same array, one
 pass over the data: the yardstick for a tap (one copy) and a call. The
@@ -312,7 +314,7 @@ def _per_update(make: Callable, steps: int, repeat: int) -> float:
 # --- Watching loops: `make(f, sample_every)` gives `f` with a lens on it ----
 
 def _hcb_lens(f: Callable, sample_every: int) -> Callable:
-  return loops.verbose(f, on_step=_noop, select=_first_leaf,
+  return loops.verbose(f, on_step=_noop, select=_scalar_select,
                        sample_every=sample_every)
 
 
@@ -321,8 +323,10 @@ def _no_lens(f: Callable, sample_every: int) -> Callable:
   return f
 
 
-def _first_leaf(leaves: tuple):
-  return leaves[0]
+def _scalar_select(leaves: tuple):
+  """A scalar `select`: the mean of the carry's first leaf (the carry itself
+  where it is a scalar)."""
+  return jnp.mean(leaves[0])
 
 
 @functools.lru_cache(maxsize=None)
@@ -332,13 +336,14 @@ def _lens_baselines() -> Dict[str, Callable]:
   if jaxtap is None:
     return {}
   return {"jaxtap": lambda f, sample_every: jaxtap.verbose(
-      f, on_step=_noop, select=_first_leaf, sample_every=sample_every)}
+      f, on_step=_noop, select=_scalar_select, sample_every=sample_every)}
 
 
-def _lens_scan_time(make: Callable, steps: int, sample_every: int,
-                    size: int, repeat: int) -> float:
-  """Seconds for a jitted `steps`-step scan whose step is a `size`x`size`
-  matmul (a scalar add where `size` is 0), with the lens `make` gives."""
+def _lens_scan_run(make: Callable, steps: int, sample_every: int,
+                   size: int) -> Callable[[], float]:
+  """`run()`: seconds for a jitted `steps`-step scan whose step is a
+  `size`x`size` matmul (a scalar add where `size` is 0), with the lens
+  `make` gives, until its events were delivered."""
   def scan(operands):  # the weights an argument, not a constant, for both
     x, weights = operands
     def body(carry, _):
@@ -346,7 +351,35 @@ def _lens_scan_time(make: Callable, steps: int, sample_every: int,
     return jax.lax.scan(body, x, None, length=steps)[0]
   x = jnp.ones((size, size), jnp.float32) if size else jnp.float32(0)
   weights = jnp.eye(max(size, 1), dtype=jnp.float32) * 0.5
-  return _one_shot_times(make(scan, sample_every), (x, weights), repeat)[0]
+  f = jax.jit(make(scan, sample_every))
+
+  def run() -> float:
+    start = time.perf_counter()
+    jax.block_until_ready(f((x, weights)))
+    _drain()
+    return time.perf_counter() - start
+  return run
+
+
+def _lens_scan_time(make: Callable, steps: int, sample_every: int,
+                    size: int, repeat: int) -> float:
+  """Seconds for `_lens_scan_run`'s scan: the median of `repeat` runs."""
+  run = _lens_scan_run(make, steps, sample_every, size)
+  return _time(lambda: (run(),), repeat)[0]
+
+
+def _in_turns(runs: Dict[str, Callable[[], float]], turns: int
+              ) -> Dict[str, float]:
+  """The median of each of `runs` (each returns its seconds) over `turns`
+  turns, after a warm-up of each. They take turns, so that the machine's
+  drift (large on a small VM) reaches all of them alike."""
+  for run in runs.values():
+    run()
+  times: Dict[str, List[float]] = {name: [] for name in runs}
+  for _ in range(turns):
+    for name, run in runs.items():
+      times[name].append(run())
+  return {name: statistics.median(t) for name, t in times.items()}
 
 
 def _per_event(make: Callable, steps: int, repeat: int) -> float:
@@ -419,6 +452,29 @@ class _Rows:
     for name, baseline in baselines.items():
       values[name] = mode(lambda baseline=baseline: ours(baseline))()
     self.rows.append((scenario, unit, values))
+
+
+  def add_in_turns(self, scenario: str,
+                   run_of: Callable[[Callable], Callable[[], float]],
+                   baselines: Dict[str, Callable], factory: Callable,
+                   turns: int, synchronous: bool = False) -> None:
+    """As `add`, in ms, for runs (in seconds) of `run_of(factory)` and
+    `run_of(baseline)` that take turns (`_in_turns`) on each transport; a
+    baseline's column shows its runs beside the last transport's (the
+    native one, where built)."""
+    if not self.wanted(scenario):
+      return
+    mode = _synchronous if synchronous else (lambda measure: measure)
+    values: Dict[str, float] = {}
+    for transport in self.transports:
+      def measure() -> float:
+        runs = {"ours": run_of(factory),
+                **{name: run_of(b) for name, b in baselines.items()}}
+        values.update(_in_turns(runs, turns))
+        return values.pop("ours")
+      values[f"hcb[{transport}]"] = _with_transport(transport, mode(measure))
+    self.rows.append((scenario, "ms",
+                      {name: 1e3 * seconds for name, seconds in values.items()}))
 
 
 def _step_rows(rows: _Rows, scale: int, repeat: int) -> None:
@@ -582,15 +638,20 @@ def _bar_rows(rows: _Rows, scale: int, repeat: int) -> None:
 
 def _loop_rows(rows: _Rows, scale: int, repeat: int) -> None:
   """Watching loops (host_callback.loops) beside jax-tap's."""
-  add = rows.add
   steps = 20_000 // scale
-  add(f"loop event with a scalar select, per step of a {steps}-step scan "
-      "(synchronous)", "µs", lambda make: _per_event(make, steps, repeat),
-      _lens_baselines(), _hcb_lens, synchronous=True)
-  add(f"{steps}-step scan of a 64x64 matmul watched with sample_every=100 "
-      "(synchronous)", "ms",
-      lambda make: 1e3 * _lens_scan_time(make, steps, 100, 64, repeat),
-      {"no lens": _no_lens}, _hcb_lens, synchronous=True)
+  rows.add(f"loop event with a scalar select, per step of a {steps}-step "
+           "scan (synchronous)", "µs",
+           lambda make: _per_event(make, steps, repeat), _lens_baselines(),
+           _hcb_lens, synchronous=True)
+  # Short scans, many turns: a 5% difference is below the drift of one
+  # long run here.
+  steps = 2000 // scale
+  rows.add_in_turns(
+      f"{steps}-step scan of a 64x64 matmul watched with sample_every=100, "
+      "scalar select (synchronous, in turns with the scan without a lens)",
+      lambda make: _lens_scan_run(make, steps, 100, 64),
+      {"no lens": _no_lens, **_lens_baselines()}, _hcb_lens,
+      turns=30 * repeat, synchronous=True)
 
 
 def collect(quick: bool, repeat: int, only: str = "") -> List[Row]:
