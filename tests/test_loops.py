@@ -267,18 +267,92 @@ def test_a_prng_key_selected_arrives_as_its_key_data():
   assert all(np.asarray(e.value).dtype == np.uint32 for e in rec.events)
 
 
-def test_an_unsampled_step_runs_only_a_compare_and_a_cond():
-  """With sample_every=k the select, the packing and the tap are all in the
-  cond's taken branch: outside it the body has the step's bookkeeping
-  and the user's own work only."""
+def _equations(jaxpr):
+  """Every equation of `jaxpr` and of the jaxprs inside it, with the
+  length of the scan it is in (None outside scans)."""
+  def walk(inner, length):
+    for eqn in inner.eqns:
+      yield eqn, length
+      for param in eqn.params.values():
+        for sub in (param if isinstance(param, (tuple, list)) else [param]):
+          sub = getattr(sub, "jaxpr", sub)  # a ClosedJaxpr's
+          if hasattr(sub, "eqns"):
+            yield from walk(sub, eqn.params.get("length", length))
+  return list(walk(jaxpr, None))
+
+
+def test_a_sampled_scan_runs_its_unsampled_steps_with_no_tap_or_cond():
+  """With sample_every=k a scan runs in chunks of k steps: the first, the
+  sampled one, with its taps (select and all), the others in an inner
+  scan that runs the user's step only. 10 steps, k=4: two chunks, then a
+  tail of 2."""
   def scan(x):
     return jax.lax.scan(lambda c, _: (jnp.tanh(c), None), x, None,
                         length=10)[0]
-  watched = tap.verbose(scan, on_step=lambda e: None, sample_every=5,
+  watched = tap.verbose(scan, on_step=lambda e: None, sample_every=4,
+                        select=lambda leaves: jnp.sum(leaves[0]))
+  found = _equations(jax.make_jaxpr(watched)(jnp.ones(4)).jaxpr)
+  names = [eqn.primitive.name for eqn, _ in found]
+  assert "cond" not in names
+  taps = [length for eqn, length in found
+          if eqn.primitive.name == "host_callback"]
+  assert taps == [2, None]  # the chunks' scan, then the tail
+  unsampled = {eqn.params["length"]: [e.primitive.name
+                                      for e in eqn.params["jaxpr"].jaxpr.eqns]
+               for eqn, _ in found if eqn.primitive.name == "scan"
+               and eqn.params["length"] in (3, 1)}
+  assert unsampled == {3: ["tanh", "add"], 1: ["tanh", "add"]}
+
+
+@pytest.mark.usefixtures("both_modes")
+@pytest.mark.parametrize("length", [1, 3, 4, 9, 12])
+@pytest.mark.parametrize("reverse", [False, True])
+def test_a_sampled_scan_reports_every_kth_step_with_the_same_bits(length,
+                                                                  reverse):
+  """Chunked (or, reversed, gated by a cond), a sampled scan reports steps
+  0, k, 2k, ... of its carry, its outputs and the primitives in its body,
+  and returns the same bits, outputs included."""
+  def scan(x, xs, outputs=lambda c, x: c * x):
+    def body(c, x):
+      c = jnp.sin(c * 1.1 + x)
+      return c, outputs(c, x)
+    return jax.lax.scan(body, x, xs, reverse=reverse)
+  xs = jnp.linspace(0.5, 2.0, length, dtype=jnp.float32)
+  events, ys = [], []
+  watched = tap.verbose(scan, on_step=events.append, on_ys=ys.append,
+                        sample_every=4, select=lambda leaves: leaves[0],
+                        select_ys=lambda leaves: leaves[0],
+                        taps=[tap.on("sin", select=lambda out: out[0])])
+  original = scan(jnp.float32(0.3), xs)
+  out = jax.jit(watched)(jnp.float32(0.3), xs)
+  hcb.barrier_wait()
+  assert same_bits(out, original)
+  sampled = list(range(0, length, 4))
+  at = [length - 1 - i for i in sampled] if reverse else sampled
+  carries = scan(jnp.float32(0.3), xs, outputs=lambda c, x: c)[1]
+  assert [(e.step, np.asarray(e.value).tobytes()) for e in events
+          if e.path == "scan[0]"] == [
+              (step, np.asarray(carries[i]).tobytes())
+              for step, i in zip(sampled, at)]
+  assert [(e.step, np.asarray(e.value).tobytes()) for e in ys] == [
+      (step, np.asarray(original[1][i]).tobytes())
+      for step, i in zip(sampled, at)]
+  assert [e.step for e in events if e.path == "scan[0]/sin[0]"] == sampled
+
+
+def test_an_unsampled_while_step_runs_only_a_compare_and_a_cond():
+  """A while_loop's steps are not known when tracing: with sample_every=k
+  the select, the packing and the tap are all in a cond's taken branch;
+  outside it the body has the step's bookkeeping and the user's own work
+  only."""
+  def loop(x):
+    return jax.lax.while_loop(lambda c: c[1] < 10,
+                              lambda c: (jnp.tanh(c[0]), c[1] + 1), (x, 0))[0]
+  watched = tap.verbose(loop, on_step=lambda e: None, sample_every=5,
                         select=lambda leaves: jnp.sum(leaves[0]))
   jaxpr = jax.make_jaxpr(watched)(jnp.ones(4)).jaxpr
   body = next(e for e in jaxpr.eqns
-              if e.primitive.name == "scan").params["jaxpr"].jaxpr
+              if e.primitive.name == "while").params["body_jaxpr"].jaxpr
   outside = [e.primitive.name for e in body.eqns]
   assert outside.count("cond") == 1
   assert not {"host_callback", "reduce_sum", "concatenate"} & set(outside)
