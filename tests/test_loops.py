@@ -267,51 +267,14 @@ def test_a_prng_key_selected_arrives_as_its_key_data():
   assert all(np.asarray(e.value).dtype == np.uint32 for e in rec.events)
 
 
-def _equations(jaxpr):
-  """Every equation of `jaxpr` and of the jaxprs inside it, with the
-  length of the scan it is in (None outside scans)."""
-  def walk(inner, length):
-    for eqn in inner.eqns:
-      yield eqn, length
-      for param in eqn.params.values():
-        for sub in (param if isinstance(param, (tuple, list)) else [param]):
-          sub = getattr(sub, "jaxpr", sub)  # a ClosedJaxpr's
-          if hasattr(sub, "eqns"):
-            yield from walk(sub, eqn.params.get("length", length))
-  return list(walk(jaxpr, None))
-
-
-def test_a_sampled_scan_runs_its_unsampled_steps_with_no_tap_or_cond():
-  """With sample_every=k a scan runs in chunks of k steps: the first, the
-  sampled one, with its taps (select and all), the others in an inner
-  scan that runs the user's step only. 10 steps, k=4: two chunks, then a
-  tail of 2."""
-  def scan(x):
-    return jax.lax.scan(lambda c, _: (jnp.tanh(c), None), x, None,
-                        length=10)[0]
-  watched = tap.verbose(scan, on_step=lambda e: None, sample_every=4,
-                        select=lambda leaves: jnp.sum(leaves[0]))
-  found = _equations(jax.make_jaxpr(watched)(jnp.ones(4)).jaxpr)
-  names = [eqn.primitive.name for eqn, _ in found]
-  assert "cond" not in names
-  taps = [length for eqn, length in found
-          if eqn.primitive.name == "host_callback"]
-  assert taps == [2, None]  # the chunks' scan, then the tail
-  unsampled = {eqn.params["length"]: [e.primitive.name
-                                      for e in eqn.params["jaxpr"].jaxpr.eqns]
-               for eqn, _ in found if eqn.primitive.name == "scan"
-               and eqn.params["length"] in (3, 1)}
-  assert unsampled == {3: ["tanh", "add"], 1: ["tanh", "add"]}
-
-
 @pytest.mark.usefixtures("both_modes")
 @pytest.mark.parametrize("length", [1, 3, 4, 9, 12])
 @pytest.mark.parametrize("reverse", [False, True])
 def test_a_sampled_scan_reports_every_kth_step_with_the_same_bits(length,
                                                                   reverse):
-  """Chunked (or, reversed, gated by a cond), a sampled scan reports steps
-  0, k, 2k, ... of its carry, its outputs and the primitives in its body,
-  and returns the same bits, outputs included."""
+  """A sampled scan, forward or reversed, reports steps 0, k, 2k, ... of
+  its carry, its outputs and the primitives in its body, and returns the
+  same bits, outputs included."""
   def scan(x, xs, outputs=lambda c, x: c * x):
     def body(c, x):
       c = jnp.sin(c * 1.1 + x)
@@ -340,22 +303,59 @@ def test_a_sampled_scan_reports_every_kth_step_with_the_same_bits(length,
   assert [e.step for e in events if e.path == "scan[0]/sin[0]"] == sampled
 
 
-def test_an_unsampled_while_step_runs_only_a_compare_and_a_cond():
-  """A while_loop's steps are not known when tracing: with sample_every=k
-  the select, the packing and the tap are all in a cond's taken branch;
-  outside it the body has the step's bookkeeping and the user's own work
-  only."""
-  def loop(x):
-    return jax.lax.while_loop(lambda c: c[1] < 10,
-                              lambda c: (jnp.tanh(c[0]), c[1] + 1), (x, 0))[0]
-  watched = tap.verbose(loop, on_step=lambda e: None, sample_every=5,
+def test_an_unsampled_step_runs_only_a_compare_and_a_cond():
+  """With sample_every=k the select, the packing and the tap are all in the
+  cond's taken branch: outside it the body has the step's bookkeeping
+  and the user's own work only. (Running a scan's unsampled steps in an
+  inner scan instead, with no cond, changed the bits of gradients: the
+  cotangents of the loop's constants were summed per chunk.)"""
+  def scan(x):
+    return jax.lax.scan(lambda c, _: (jnp.tanh(c), None), x, None,
+                        length=10)[0]
+  watched = tap.verbose(scan, on_step=lambda e: None, sample_every=5,
                         select=lambda leaves: jnp.sum(leaves[0]))
   jaxpr = jax.make_jaxpr(watched)(jnp.ones(4)).jaxpr
   body = next(e for e in jaxpr.eqns
-              if e.primitive.name == "while").params["body_jaxpr"].jaxpr
+              if e.primitive.name == "scan").params["jaxpr"].jaxpr
   outside = [e.primitive.name for e in body.eqns]
   assert outside.count("cond") == 1
   assert not {"host_callback", "reduce_sum", "concatenate"} & set(outside)
   cond = next(e for e in body.eqns if e.primitive.name == "cond")
   taken = [e.primitive.name for e in cond.params["branches"][1].jaxpr.eqns]
   assert {"host_callback", "reduce_sum"} <= set(taken)
+
+
+def _sampled_scan_program(x, xs, weights):
+  def body(c, x):
+    c = jnp.tanh(c @ weights + x)
+    return c, jnp.sum(c) * x
+  c, ys = jax.lax.scan(body, x, xs)
+  return jnp.sum(c) + ys.sum()
+
+
+_TRANSFORMS = {
+    "grad": lambda f: jax.grad(f, argnums=(0, 2)),
+    "jit-grad": lambda f: jax.jit(jax.grad(f, argnums=(0, 2))),
+    "grad2": lambda f: jax.grad(lambda *a: jnp.sum(jax.grad(f)(*a))),
+    "vmap": lambda f: jax.vmap(f, (0, None, None)),
+    "jit-vmap": lambda f: jax.jit(jax.vmap(f, (0, None, None)))}
+
+
+@pytest.mark.parametrize("transform", _TRANSFORMS)
+@pytest.mark.parametrize("length", [2, 3, 11, 12, 30])
+def test_a_sampled_scan_keeps_the_bits_under_grad_and_vmap(transform,
+                                                           length):
+  """A sampled scan of a matmul returns the same bits, and the same
+  gradients (the weights', summed over the steps, too)."""
+  xs = jnp.linspace(0.1, 1.0, length, dtype=jnp.float32)
+  weights = jax.random.normal(jax.random.key(1), (8, 8)) * 0.3
+  x = jax.random.normal(jax.random.key(0), (8, 8))
+  if "vmap" in transform:
+    x = jnp.stack([x, 2 * x])
+  watched = tap.verbose(_sampled_scan_program, on_step=lambda e: None,
+                        select=lambda leaves: jnp.mean(leaves[0]),
+                        sample_every=3)
+  out = _TRANSFORMS[transform](watched)(x, xs, weights)
+  hcb.barrier_wait()
+  assert same_bits(out, _TRANSFORMS[transform](_sampled_scan_program)(
+      x, xs, weights))

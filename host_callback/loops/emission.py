@@ -6,11 +6,9 @@ real: under `vmap` a finished lane runs on without being active) and the
 leaves of what `select` returned: where they are small and of one 4- or
 8-byte dtype (a scalar loss, a norm, nothing), all in one array whose
 first element holds the step's bits, so that an event is one operand of
-one tap; else the step, then the leaves. With `sample_every=k` a scan's
-sampled steps are known when tracing (loop_rewrites.py runs its steps in
-chunks of k, the first of each sampled); elsewhere (a while_loop) the tap
-sits in a `lax.cond` on `step % k == 0`. Either way unsampled steps
-neither select nor send.
+one tap; else the step, then the leaves. With `sample_every=k` the tap sits
+in a `lax.cond` on `step % k == 0`, so unsampled steps neither select nor
+send.
 """
 
 from __future__ import annotations
@@ -268,13 +266,9 @@ class Emitter:
             deliver: Callable[[TapEvent], None], *, path: str,
             total: Optional[int], kind: str,
             active: Optional[Callable[[], Any]] = None,
-            sampled: Optional[bool] = None) -> None:
+            gated: bool = True) -> None:
     """Taps `sent()` (traced inside the gate) with `step`; the host makes
-    events and gives them to `deliver`. `sampled`: whether `sample_every`
-    samples the step, where that is known when tracing (True: tapped as it
-    is; False: no tap); None: a `lax.cond` on the step decides."""
-    if sampled is False:
-      return
+    events and gives them to `deliver`."""
     def tap() -> None:
       leaves, treedef = jax.tree_util.tree_flatten(sent())
       leaves = [jnp.asarray(leaf) for leaf in leaves]
@@ -296,7 +290,7 @@ class Emitter:
       primitive.bind(operands, function=function, num_args=len(operands),
                      device_index=0)
 
-    if sampled is None and self.sample_every > 1:
+    if gated and self.sample_every > 1:
       # Steps are >= 0 here: a plain remainder, no sign fix-up. The select,
       # the packing and the tap are all in the taken branch.
       jax.lax.cond(jax.lax.rem(step, jnp.int32(self.sample_every)) == 0,
@@ -305,30 +299,26 @@ class Emitter:
       tap()
 
   def carry(self, path: str, step: Any, carry: tuple, total: Optional[int],
-            active: Optional[Callable[[], Any]] = None,
-            sampled: Optional[bool] = None) -> None:
+            active: Optional[Callable[[], Any]] = None) -> None:
     """After a loop step: its new carry (a tuple of leaves); `active()`, for
-    a while_loop, whether the step is real; `sampled` as `_send`'s."""
+    a while_loop, whether the step is real."""
     observer = self.sink.observer("carry")
     if observer is not None:
       self._send(step, lambda: apply_select(self.select, carry, path),
-                 observer, path=path, total=total, kind="carry", active=active,
-                 sampled=sampled)
+                 observer, path=path, total=total, kind="carry", active=active)
 
-  def outputs(self, path: str, step: Any, ys: tuple, total: Optional[int],
-              sampled: Optional[bool] = None) -> None:
+  def outputs(self, path: str, step: Any, ys: tuple,
+              total: Optional[int]) -> None:
     """After a scan step: its outputs (a tuple of leaves)."""
     observer = self.sink.observer("output")
     if ys and observer is not None:
       self._send(step, lambda: apply_select(self.select_ys, ys, path),
-                 observer, path=path, total=total, kind="output",
-                 sampled=sampled)
+                 observer, path=path, total=total, kind="output")
 
   def primitive(self, path: str, step: Any, outputs: tuple,
-                total: Optional[int], spec: PrimitiveTap, in_loop: bool,
-                sampled: Optional[bool] = None) -> None:
-    """After an equation of `spec.prim_name`: its outputs; `sampled`, for
-    one in a loop, as `_send`'s (outside loops every one is tapped)."""
+                total: Optional[int], spec: PrimitiveTap,
+                in_loop: bool) -> None:
+    """After an equation of `spec.prim_name`: its outputs."""
     if spec.output is not None:
       if not 0 <= spec.output < len(outputs):
         raise IndexError(
@@ -340,5 +330,4 @@ class Emitter:
       watched = outputs
     self._send(step, lambda: apply_select(spec.select, watched, path),
                functools.partial(self.sink.deliver_primitive, spec=spec),
-               path=path, total=total, kind="carry",
-               sampled=sampled if in_loop else True)
+               path=path, total=total, kind="carry", gated=in_loop)

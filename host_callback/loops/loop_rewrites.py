@@ -7,7 +7,7 @@ never see the counter."""
 from __future__ import annotations
 
 import dataclasses
-from typing import Any, Callable, List, Optional, Protocol, Sequence
+from typing import Any, List, Optional, Protocol, Sequence
 
 import jax
 import jax.numpy as jnp
@@ -18,13 +18,10 @@ from .emission import Emitter
 @dataclasses.dataclass(frozen=True)
 class Loop:
   """Where equations are evaluated: the enclosing loop's step (-1 outside
-  loops), its total (a scan's length), whether there is a loop, and
-  whether `sample_every` samples the step, where that is known when
-  tracing (None: a `lax.cond` on the step decides)."""
+  loops), its total (a scan's length) and whether there is a loop."""
   step: Any
   total: Optional[int] = None
   inside: bool = False
-  sampled: Optional[bool] = None
 
 
 class Walker(Protocol):
@@ -56,80 +53,19 @@ def scan(walker: Walker, eqn: Any, values: Sequence[Any], here: str,
   consts, init = values[:n_consts], values[n_consts:n_consts + n_carry]
   xs = list(values[n_consts + n_carry:])
 
-  def step(carry: Sequence[Any], x: Sequence[Any], at: Any,
-           sampled: Optional[bool]) -> tuple:
-    """One step, at step number `at`, with its taps: (carry, ys)."""
+  def step_fn(state: Any, x: List[Any]) -> Any:
+    carry, step = state
     out = walker.eval(body.jaxpr, body.consts, [*consts, *carry, *x],
-                      here + "/", Loop(at, total, True, sampled))
+                      here + "/", Loop(step, total, True))
     carry, ys = out[:n_carry], out[n_carry:]
     if taps_carry:
-      walker.emitter.carry(here, at, tuple(carry), total, sampled=sampled)
-    walker.emitter.outputs(here, at, tuple(ys), total, sampled=sampled)
-    return carry, ys
-
-  every = walker.emitter.sample_every
-  if every > 1 and total > 0 and _plain_scan(params):
-    return _in_chunks(step, list(init), xs, total, every)
-
-  def step_fn(state: Any, x: List[Any]) -> Any:
-    carry, at = state
-    carry, ys = step(carry, x, at, None)
-    return (carry, at + 1), ys
+      walker.emitter.carry(here, step, tuple(carry), total)
+    walker.emitter.outputs(here, step, tuple(ys), total)
+    return (carry, step + 1), ys
 
   (carry, _), ys = patching.underlying_scan()(
       step_fn, (list(init), jnp.int32(0)), xs,
       **{k: params[k] for k in _SCAN_ARGUMENTS if k in params})
-  return [*carry, *ys]
-
-
-def _plain_scan(params: dict) -> bool:
-  """Whether a scan runs its steps in order, one at a time: a reversed or
-  unrolled one keeps the `lax.cond` of `sample_every`."""
-  return (not params.get("reverse", False) and params.get("unroll", 1) == 1
-          and not params.get("_split_transpose", False))
-
-
-def _in_chunks(step: Callable[..., tuple], init: List[Any], xs: List[Any],
-               total: int, every: int) -> List[Any]:
-  """A scan's `total` steps, with `sample_every=every`, in chunks of
-  `every` steps (then a shorter tail): a chunk's first step is sampled and
-  taps as it is; the others run in an inner scan without this loop's taps,
-  so they cost what the user's step costs, with no compare and no cond.
-  The steps are the same, in the same order, on the same operands."""
-  scan_ = patching.underlying_scan()
-
-  def unsampled(state: Any, x: List[Any]) -> Any:
-    carry, at = state
-    carry, ys = step(carry, x, at, False)
-    return (carry, at + 1), ys
-
-  def chunk(carry: List[Any], first: Any, xs_chunk: List[Any],
-            size: int) -> tuple:
-    """`size` steps from step `first`, which is sampled."""
-    carry, ys = step(carry, [x[0] for x in xs_chunk], first, True)
-    ys = [y[None] for y in ys]
-    if size > 1:
-      (carry, _), rest = scan_(unsampled, (carry, first + 1),
-                               [x[1:] for x in xs_chunk], length=size - 1)
-      ys = [jnp.concatenate([y, r]) for y, r in zip(ys, rest)]
-    return carry, ys
-
-  chunks, tail = divmod(total, every)
-  carry, ys = init, None
-  if chunks:
-    def outer(state: Any, xs_chunk: List[Any]) -> Any:
-      carry, first = state
-      carry, ys = chunk(carry, first, xs_chunk, every)
-      return (carry, first + every), ys
-    whole = [x[:chunks * every].reshape(chunks, every, *x.shape[1:])
-             for x in xs]
-    (carry, _), ys = scan_(outer, (carry, jnp.int32(0)), whole, length=chunks)
-    ys = [y.reshape(chunks * every, *y.shape[2:]) for y in ys]
-  if tail:
-    carry, tail_ys = chunk(carry, jnp.int32(chunks * every),
-                           [x[chunks * every:] for x in xs], tail)
-    ys = tail_ys if ys is None else [jnp.concatenate([y, t])
-                                     for y, t in zip(ys, tail_ys)]
   return [*carry, *ys]
 
 

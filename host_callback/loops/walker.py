@@ -111,7 +111,7 @@ class Walker:
     here = f"{path}{eqn.primitive.name}[{count}]"
     for spec in specs:
       self.emitter.primitive(here, loop.step, tuple(out), loop.total, spec,
-                             loop.inside, loop.sampled)
+                             loop.inside)
     return count + 1
 
   # --- boundaries: each rule evaluates its equation, descending into it --
