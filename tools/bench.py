@@ -23,9 +23,9 @@ The loop rows time `host_callback.loops.verbose` and jax-tap's (its column
 is empty, with a note, where jax-tap is not installed): what an event with a
 scalar `select` (the carry's mean) adds to each step of a 20k-step trivial
 scan, and a 2k-step scan of a 64x64 matmul with `sample_every=100` beside
-the same scan without a lens and with jax-tap's, run in turns, 90 of each
-(the median), since the VM's drift between long runs is larger than the
-difference.
+the same scan without a lens and with jax-tap's, run in turns (100 x
+`--repeat` of each; the medians), since the VM's drift between long runs
+is larger than the difference.
 
 The large-array rows also time `jit(lambda x: x + 1)` on the same array, one
 pass over the data: the yardstick for a tap (one copy) and a call. The
@@ -651,7 +651,7 @@ def _loop_rows(rows: _Rows, scale: int, repeat: int) -> None:
       "scalar select (synchronous, in turns with the scan without a lens)",
       lambda make: _lens_scan_run(make, steps, 100, 64),
       {"no lens": _no_lens, **_lens_baselines()}, _hcb_lens,
-      turns=30 * repeat, synchronous=True)
+      turns=100 * repeat, synchronous=True)
 
 
 def collect(quick: bool, repeat: int, only: str = "") -> List[Row]:
