@@ -224,15 +224,22 @@ def _slow_consumer_times(step_op: Callable, steps: int, repeat: int
   return _time(run, repeat)
 
 
-def _one_shot_times(op: Callable, x, repeat: int) -> Tuple[float]:
+def _one_shot_run(op: Callable, x) -> Callable[[], float]:
+  """`run()`: seconds for jitted `op(x)` until ready and its callbacks
+  drained."""
   f = jax.jit(op)
 
-  def run():
+  def run() -> float:
     start = time.perf_counter()
     jax.block_until_ready(f(x))
     _drain()
-    return (time.perf_counter() - start,)
-  return _time(run, repeat)
+    return time.perf_counter() - start
+  return run
+
+
+def _one_shot_times(op: Callable, x, repeat: int) -> Tuple[float]:
+  run = _one_shot_run(op, x)
+  return _time(lambda: (run(),), repeat)
 
 
 def _step_time(op: Callable, repeat: int, calls: int = 2000) -> float:
@@ -351,14 +358,7 @@ def _lens_scan_run(make: Callable, steps: int, sample_every: int,
     return jax.lax.scan(body, x, None, length=steps)[0]
   x = jnp.ones((size, size), jnp.float32) if size else jnp.float32(0)
   weights = jnp.eye(max(size, 1), dtype=jnp.float32) * 0.5
-  f = jax.jit(make(scan, sample_every))
-
-  def run() -> float:
-    start = time.perf_counter()
-    jax.block_until_ready(f((x, weights)))
-    _drain()
-    return time.perf_counter() - start
-  return run
+  return _one_shot_run(make(scan, sample_every), (x, weights))
 
 
 def _lens_scan_time(make: Callable, steps: int, sample_every: int,
@@ -401,6 +401,13 @@ def _with_transport(name: str, measure: Callable[[], float]) -> float:
     return measure()
   finally:
     jax.config.update("jax_host_callback_transport", "auto")
+
+
+def _in_mode(synchronous: bool, measure: Callable[[], float]
+             ) -> Callable[[], float]:
+  """`measure`, run in the synchronous mode where asked, else as it is (in
+  the outfeed mode, the rows' default)."""
+  return _synchronous(measure) if synchronous else measure
 
 
 def _synchronous(measure: Callable[[], float]) -> Callable[[], float]:
@@ -446,13 +453,13 @@ class _Rows:
     each baseline, in the synchronous mode or the outfeed one."""
     if not self.wanted(scenario):
       return
-    mode = _synchronous if synchronous else (lambda measure: measure)
-    values = {f"hcb[{t}]": _with_transport(t, mode(lambda: ours(factory)))
+    measure_ours = _in_mode(synchronous, lambda: ours(factory))
+    values = {f"hcb[{t}]": _with_transport(t, measure_ours)
               for t in self.transports}
     for name, baseline in baselines.items():
-      values[name] = mode(lambda baseline=baseline: ours(baseline))()
+      values[name] = _in_mode(synchronous,
+                              lambda baseline=baseline: ours(baseline))()
     self.rows.append((scenario, unit, values))
-
 
   def add_in_turns(self, scenario: str,
                    run_of: Callable[[Callable], Callable[[], float]],
@@ -464,15 +471,17 @@ class _Rows:
     native one, where built)."""
     if not self.wanted(scenario):
       return
-    mode = _synchronous if synchronous else (lambda measure: measure)
     values: Dict[str, float] = {}
     for transport in self.transports:
       def measure() -> float:
-        runs = {"ours": run_of(factory),
-                **{name: run_of(b) for name, b in baselines.items()}}
-        values.update(_in_turns(runs, turns))
-        return values.pop("ours")
-      values[f"hcb[{transport}]"] = _with_transport(transport, mode(measure))
+        times = _in_turns({"ours": run_of(factory),
+                           **{name: run_of(b)
+                              for name, b in baselines.items()}}, turns)
+        ours = times.pop("ours")
+        values.update(times)  # beside the last transport's, in the end
+        return ours
+      values[f"hcb[{transport}]"] = _with_transport(
+          transport, _in_mode(synchronous, measure))
     self.rows.append((scenario, "ms",
                       {name: 1e3 * seconds for name, seconds in values.items()}))
 
