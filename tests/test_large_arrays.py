@@ -232,8 +232,8 @@ def _advised_huge_pages(start: int, nbytes: int) -> bool:
     for line in smaps:
       fields = line.split()
       if re.fullmatch(r"[0-9a-f]+-[0-9a-f]+", fields[0]):
-        start, end = (int(bound, 16) for bound in fields[0].split("-"))
-        inside = start <= address < end
+        low, high = (int(bound, 16) for bound in fields[0].split("-"))
+        inside = low <= address < high
       elif inside and fields[0] == "VmFlags:":
         return "hg" in fields[1:]
   raise AssertionError(f"no mapping holds {address:#x}")
