@@ -165,7 +165,7 @@ class Receiver:
     take), is recorded for the barrier and, for a request, fails the
     device; with `raise_interrupt`, Ctrl-C on the main thread fails the
     device, and is raised instead."""
-    if not runs.begin(queued=True):
+    if not runs.begin():
       return
     try:
       consumer = self._registry.get(packet.consumer_id)

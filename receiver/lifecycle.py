@@ -151,22 +151,27 @@ class Runtime:
     `device_buffers.CudaBuffer`s and `stream` the computation's, which the
     consumer also gets; it writes the results into `outputs` on that
     stream."""
-    # What does not change between runs is bound here: this runs for every
-    # direct request.
+    # What does not change between runs is bound here, and the run counts
+    # itself (see `QueueRuns`) with no call: this runs for every direct
+    # request, and a call would cost more than the count.
     runs_by_device: Dict[int, QueueRuns] = {}
-    consumer_of = self.registry.get
+    counts, lookup, registry = self.runs, self.registry.lookup, self.registry
 
     def run_direct(consumer_id: int, device_id: int, arrays: List[Any],
                    outputs: Optional[Sequence[Any]] = None,
                    stream: Optional[int] = None) -> Optional[Sequence[Any]]:
       runs = runs_by_device.get(device_id)
       if runs is None:
-        runs = runs_by_device[device_id] = self.runs.of(name, device_id)
-      if not runs.begin(False):
+        runs = runs_by_device[device_id] = counts.of(name, device_id)
+      if counts.closed:
+        runs.refused += 1
         raise ReceiverStopped("host_callback: the process is ending after "
                               "Ctrl-C; host functions no longer run")
+      runs.running += 1
       try:
-        consumer = consumer_of(consumer_id)
+        consumer = lookup(consumer_id)
+        if consumer is None:
+          consumer = registry.get(consumer_id)  # raises: it was released
         if outputs is None:
           return consumer(arrays, device_id)
         if stream is None:
@@ -174,10 +179,11 @@ class Runtime:
         return consumer(arrays, device_id, outputs, stream)
       except BaseException as error:  # pylint: disable=broad-except
         self.errors.record(error, delivered=True)  # the device fails with it
-        raise DirectRunError(error, self.registry.context(consumer_id),
+        raise DirectRunError(error, registry.context(consumer_id),
                              interrupted=ctrl_c(error)) from error
       finally:
-        runs.end()
+        runs.running -= 1
+        runs.ran += 1
     return run_direct
 
   def run_here(self, consumer: Consumer, context: str, device_id: int,

@@ -25,7 +25,10 @@ class QueueRuns:
   """The counts of one device queue. Its host functions run one at a time
   (the queue's claim: its consumer, a guest, or a direct run), or nested
   on one thread, so the counts take no lock: the GIL keeps each update
-  whole."""
+  whole. A queued packet's run counts itself with `begin` and `end`; a
+  direct run (`Runtime.direct_runner`), which runs for every synchronous
+  tap, writes the same counts out: `running` up, then down with `ran`
+  up; once closed, `refused` up and no run."""
 
   __slots__ = ("_counts", "ran", "running", "begun_queued", "refused")
 
@@ -36,15 +39,13 @@ class QueueRuns:
     self.begun_queued = 0  # of the queue's packets (direct runs are none)
     self.refused = 0  # direct runs that came once closed
 
-  def begin(self, queued: bool) -> bool:
-    """Counts a host function that begins, unless closed: then it must
-    not run, and False is returned. `queued`: it is a packet's (else a
-    direct run's, which once closed counts as dropped here)."""
+  def begin(self) -> bool:
+    """Counts a queued packet's host function that begins, unless closed:
+    then it must not run, and False is returned."""
     if self._counts.closed:
-      self.refused += not queued
       return False
     self.running += 1
-    self.begun_queued += queued
+    self.begun_queued += 1
     return True
 
   def end(self) -> None:

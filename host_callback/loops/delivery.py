@@ -37,13 +37,21 @@ def _warn_once(seen: Set[int], function: Any, what: str,
     pass
 
 
+def callback_failed(callback: Observer, error: Exception) -> None:
+  """What a callback that raised gets: a warning, once per callback."""
+  _warn_once(_warned, callback, "on_step callback", error)
+
+
 def guarding(callback: Observer) -> Observer:
-  """`callback`, guarded: an exception warns once per callback."""
+  """`callback`, guarded: an exception warns once per callback. The guard
+  names what it guards as `__wrapped__`, so that the hottest path (see
+  `emission.host_side`) may guard it inline, with `callback_failed`."""
   def guarded_callback(event: TapEvent) -> None:
     try:
       callback(event)
     except Exception as error:  # noqa: BLE001
-      _warn_once(_warned, callback, "on_step callback", error)
+      callback_failed(callback, error)
+  guarded_callback.__wrapped__ = callback  # type: ignore[attr-defined]
   return guarded_callback
 
 

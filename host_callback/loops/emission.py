@@ -28,6 +28,7 @@ import numpy as np
 from ..host.device_numbers import device_by_number
 from ..host.host_functions import HostFunction
 from ..primitive import primitive
+from .delivery import callback_failed
 from .events import TapEvent, Unfrozen, site_events
 from .primitive_taps import PrimitiveTap
 
@@ -211,7 +212,10 @@ def host_side(path: str, total: Optional[int], kind: str,
       shapes[0] == ()):
     # The usual `select`, one scalar (`[step, value]`): decoded inline, the
     # value a 0-d view, as an unpacked leaf is; the event made inline, as
-    # `site_events` makes it.
+    # `site_events` makes it, and given to a guarded callback with the
+    # guard inline (an observer that is not one guards itself).
+    callback = getattr(deliver, "__wrapped__", deliver)
+
     def consume(arrays: Sequence[Any], device_id: int,
                 transforms: tuple = ()) -> None:
       if transforms:
@@ -231,7 +235,10 @@ def host_side(path: str, total: Optional[int], kind: str,
         event.kind = kind
         event.device = device
         event.__class__ = TapEvent
-        deliver(event)
+        try:
+          callback(event)
+        except Exception as error:  # noqa: BLE001
+          callback_failed(callback, error)
   else:
     def consume(arrays: Sequence[Any], device_id: int,
                 transforms: tuple = ()) -> None:
