@@ -9,7 +9,7 @@ import logging
 import os
 import threading
 from typing import (Any, Callable, Deque, Dict, FrozenSet, List, Mapping,
-                    Optional, Sequence, Set, Tuple)
+                    NoReturn, Optional, Sequence, Set, Tuple)
 
 import numpy as np
 
@@ -18,7 +18,7 @@ from .blocking import BlockingCalls
 from .errors import ErrorLog
 from .interrupts import ctrl_c
 from .consumer_threads import Receiver, consumer_thread
-from .packets import DirectRun, DirectRunError, ReceiverStopped, device_error
+from .packets import DirectRunError, DirectRunParts, ReceiverStopped, device_error
 from .registry import Consumer, ConsumerRegistry, Tickets
 from .run_counts import QueueKey, QueueRuns, RunCounts
 from .transport import Transport
@@ -138,12 +138,12 @@ class Runtime:
       self._at_exit_registered = True
       self.blocking_calls.start()
 
-  def direct_runner(self, name: str) -> DirectRun:
-    """`run(consumer_id, device_id, arrays[, outputs[, stream]])`: runs a
-    consumer on the calling device thread, as the receiver thread of
-    transport `name` would: an error is recorded, then raised as
-    `DirectRunError`. Once the process ends (`abandon`), fails. The
-    transport marks the thread as running host functions
+  def direct_runner(self, name: str) -> DirectRunParts:
+    """How transport `name` runs a request's consumer on the calling device
+    thread, as its receiver thread would: `run(consumer_id, device_id,
+    arrays[, outputs[, stream]])` records an error, then raises it as
+    `DirectRunError` (`failed`). Once the process ends (`abandon`), fails.
+    The transport marks the thread as running host functions
     (`in_consumer_thread`). `outputs`, the device's result buffers lent to
     a call's consumer (the native runner lends them to a copy=False
     site's), go to the consumer, which may fill them and return views of
@@ -155,7 +155,13 @@ class Runtime:
     # itself (see `QueueRuns`) with no call: this runs for every direct
     # request, and a call would cost more than the count.
     runs_by_device: Dict[int, QueueRuns] = {}
-    counts, lookup, registry = self.runs, self.registry.lookup, self.registry
+    counts, registry = self.runs, self.registry
+    lookup = registry.consumers.get
+
+    def failed(consumer_id: int, error: BaseException) -> NoReturn:
+      self.errors.record(error, delivered=True)  # the device fails with it
+      raise DirectRunError(error, registry.context(consumer_id),
+                           interrupted=ctrl_c(error)) from error
 
     def run_direct(consumer_id: int, device_id: int, arrays: List[Any],
                    outputs: Optional[Sequence[Any]] = None,
@@ -178,13 +184,11 @@ class Runtime:
           return consumer(arrays, device_id, outputs)
         return consumer(arrays, device_id, outputs, stream)
       except BaseException as error:  # pylint: disable=broad-except
-        self.errors.record(error, delivered=True)  # the device fails with it
-        raise DirectRunError(error, registry.context(consumer_id),
-                             interrupted=ctrl_c(error)) from error
+        failed(consumer_id, error)
       finally:
         runs.running -= 1
         runs.ran += 1
-    return run_direct
+    return DirectRunParts(run_direct, registry.consumers, failed)
 
   def run_here(self, consumer: Consumer, context: str, device_id: int,
                arrays: List[np.ndarray]) -> Optional[Sequence[np.ndarray]]:
@@ -219,6 +223,14 @@ class Runtime:
       self._open_device_ids = self._open_device_ids | {device_id}
     with self._lock:
       self._register_at_exit()
+
+  def _close_own_direct_runs(self) -> Dict[QueueKey, Tuple[int, int]]:
+    """Each transport's `close_own_direct_runs`, by queue."""
+    transports = self._transports or {}
+    return {(name, device_id): counts
+            for name, transport in transports.items()
+            for device_id, counts in
+            transport.close_own_direct_runs().items()}
 
   def _sent(self) -> Dict[QueueKey, int]:
     """Packets sent so far by each opened queue. Takes no lock but the
@@ -327,7 +339,8 @@ class Runtime:
     None where not counted), writes what was left to stderr, beginning
     with `why`, and ends the process at once (`receiver/abandon.py`).
     Returns only when nothing was left."""
-    abandon.abandon(self.runs, self._sent, executions_running, why)
+    abandon.abandon(self.runs, self._sent, self._close_own_direct_runs,
+                    executions_running, why)
 
 
 def _log_stopped(receiver: Receiver) -> None:

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import dataclasses
 import threading
-from typing import Callable, List, Optional, Sequence
+from typing import Any, Callable, List, Mapping, NoReturn, Optional, Sequence
 
 import numpy as np
 
@@ -82,6 +82,20 @@ class DirectRunError(Exception):
 # a GPU's `stream` with its buffers, device_buffers.py) or raises
 # `DirectRunError` (receiver/lifecycle.py:Runtime.direct_runner).
 DirectRun = Callable[..., Optional[Sequence[np.ndarray]]]
+
+
+@dataclasses.dataclass(frozen=True)
+class DirectRunParts:
+  """What a transport runs requests' host functions on device threads
+  with: `run` does it all. A transport may skip its frame for a request
+  that is lent no buffers (every tap's): call the consumer of `consumers`
+  (by id; read, never written) as `consumer(arrays, device_id)`, count the
+  run itself (`Transport.close_own_direct_runs`), and give an exception
+  to `failed(consumer_id, error)`, which raises what `run` would; a
+  consumer that is not there goes to `run`, which raises the error."""
+  run: DirectRun
+  consumers: Mapping[int, Callable[..., Any]]
+  failed: Callable[[int, BaseException], NoReturn]
 
 
 class Reply:

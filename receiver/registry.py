@@ -33,10 +33,6 @@ class ConsumerRegistry:
     self._next_id = itertools.count()
     self._consumers: Dict[int, Consumer] = {}
     self._contexts: Dict[int, Context] = {}
-    # `lookup(consumer_id)`: the consumer, or None once released (then
-    # `get` raises the error). A dict's own `get`, for the direct runs'
-    # path, which runs for every tap: no Python frame of its own.
-    self.lookup: Callable[[int], Optional[Consumer]] = self._consumers.get
 
   def add(self, consumer: Consumer, context: Context = "") -> int:
     """Registers `consumer` under a new id.
@@ -60,6 +56,12 @@ class ConsumerRegistry:
     for consumer_id in consumer_ids:
       self._consumers.pop(consumer_id, None)
       self._contexts.pop(consumer_id, None)
+
+  @property
+  def consumers(self) -> Dict[int, Consumer]:
+    """The table itself, for the direct runs' path (`DirectRunParts`), which
+    reads it and never writes it."""
+    return self._consumers
 
   def get(self, consumer_id: int) -> Consumer:
     consumer = self._consumers.get(consumer_id)  # one lookup: runs per packet

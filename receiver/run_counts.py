@@ -76,15 +76,19 @@ class RunCounts:
     """From now on no host function begins."""
     self.closed = True
 
-  def left(self, sent: Mapping[QueueKey, int]) -> Dict[QueueKey, Left]:
-    """Each queue's counts, given how many packets each was `sent`; only
-    the queues where something ran, runs or was dropped."""
+  def left(self, sent: Mapping[QueueKey, int],
+           own: Mapping[QueueKey, Tuple[int, int]]) -> Dict[QueueKey, Left]:
+    """Each queue's counts, given how many packets each was `sent` and the
+    (ran, running) of the direct runs its transport counted itself
+    (`Transport.close_own_direct_runs`); only the queues where something
+    ran, runs or was dropped."""
     with self._lock:
       queues = dict(self._queues)
     left = {}
-    for key in sorted(set(queues) | set(sent)):
+    for key in sorted(set(queues) | set(sent) | set(own)):
       runs = queues.get(key) or QueueRuns(self)
-      counts = Left(runs.ran, runs.running,
+      own_ran, own_running = own.get(key, (0, 0))
+      counts = Left(runs.ran + own_ran, runs.running + own_running,
                     sent.get(key, 0) - runs.begun_queued + runs.refused)
       if counts.ran or counts.running or counts.dropped:
         left[key] = counts

@@ -8,11 +8,11 @@ consumer sides.
 from __future__ import annotations
 
 import dataclasses
-from typing import Callable, List, Protocol, Sequence, Tuple
+from typing import Callable, Dict, List, Protocol, Sequence, Tuple
 
 import numpy as np
 
-from .packets import DirectRun, Packet
+from .packets import DirectRunParts, Packet
 
 
 @dataclasses.dataclass(frozen=True)
@@ -62,10 +62,16 @@ class Transport(Producer, Protocol):
   def clear_restart_hook(self) -> None:
     """From now on a device that needs a receiver fails instead."""
 
-  def set_direct_runner(self, run: DirectRun) -> None:
+  def set_direct_runner(self, runner: DirectRunParts) -> None:
     """Lets a device whose queue allows it (idle) run a request's host
-    function on its own thread: `run(consumer_id, device_id, arrays)`
-    returns the results or raises `DirectRunError`."""
+    function on its own thread, with `runner` (see `DirectRunParts`):
+    `runner.run(consumer_id, device_id, arrays)` returns the results or
+    raises `DirectRunError`."""
+
+  def close_own_direct_runs(self) -> Dict[int, Tuple[int, int]]:
+    """From now on every direct run goes through `DirectRunParts.run` (which
+    refuses once the run counts are closed); returns, by device id, the
+    (ran, running) counts of the runs the transport made without it."""
 
   def set_nested_consumer(self, consume: Callable[[int], None]) -> None:
     """Lets a device's consumer thread serve a request it makes of that

@@ -8,8 +8,8 @@ from typing import Callable, Dict, List, Optional, Sequence, Tuple
 import numpy as np
 
 from .consumer_threads import consumer_thread
-from .packets import (DirectRun, DirectRunError, Packet, ReceiverStopped,
-                      Reply, device_error)
+from .packets import (DirectRun, DirectRunError, DirectRunParts, Packet,
+                      ReceiverStopped, Reply, device_error)
 from .queues import PacketQueue
 from .transport import QueueStats
 
@@ -170,8 +170,11 @@ class PythonTransport:
     self._nested = None
     self.wake_all()  # waiting senders give up
 
-  def set_direct_runner(self, run: DirectRun) -> None:
-    self._direct = run
+  def set_direct_runner(self, runner: DirectRunParts) -> None:
+    self._direct = runner.run
+
+  def close_own_direct_runs(self) -> Dict[int, Tuple[int, int]]:
+    return {}  # its direct runs all go through `run`
 
   def set_nested_consumer(self, consume: Callable[[int], None]) -> None:
     self._nested = consume

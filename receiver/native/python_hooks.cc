@@ -94,18 +94,44 @@ PyObject* SetNestedConsumer(PyObject*, PyObject* callable) {
 
 PyObject* SetDirectRunner(PyObject*, PyObject* args) {
   PyObject *runner, *wire, *device_buffer;
-  if (!PyArg_ParseTuple(args, "OOO", &runner, &wire, &device_buffer)) {
+  PyObject *consumers = Py_None, *failed = Py_None;
+  if (!PyArg_ParseTuple(args, "OOO|OO", &runner, &wire, &device_buffer,
+                        &consumers, &failed)) {
+    return nullptr;
+  }
+  if (consumers != Py_None && !PyDict_Check(consumers)) {
+    PyErr_SetString(PyExc_TypeError, "consumers: a dict");
     return nullptr;
   }
   DirectRuns& direct_runs = Hub::Get().direct_runs();
   if (runner == Py_None || wire == Py_None || device_buffer == Py_None) {
     direct_runs.set_runner(nullptr);
-    SetRunner(nullptr, nullptr, nullptr);
+    SetRunner(nullptr, nullptr, nullptr, nullptr, nullptr);
   } else {
-    SetRunner(runner, wire, device_buffer);
+    SetRunner(runner, wire, device_buffer,
+              consumers == Py_None ? nullptr : consumers,
+              failed == Py_None ? nullptr : failed);
     direct_runs.set_runner(Run);
   }
   Py_RETURN_NONE;
+}
+
+PyObject* OwnDirectRuns(PyObject*, PyObject*) {
+  PyObject* runs = PyDict_New();
+  for (const auto& [device_id, counts] : OwnRunsNow()) {
+    PyObject* key = PyLong_FromLongLong(device_id);
+    PyObject* value = Py_BuildValue("(LL)", static_cast<long long>(counts.ran),
+                                    static_cast<long long>(counts.running));
+    const bool ok = runs != nullptr && key != nullptr && value != nullptr &&
+                    PyDict_SetItem(runs, key, value) == 0;
+    Py_XDECREF(key);
+    Py_XDECREF(value);
+    if (!ok) {
+      Py_XDECREF(runs);
+      return nullptr;
+    }
+  }
+  return runs;
 }
 
 PyObject* RunsHostFunctionOnThisThread(PyObject*, PyObject*) {
@@ -127,6 +153,7 @@ PyMethodDef kHookMethods[] = {
     {"set_restart_hook", SetRestartHook, METH_O, nullptr},
     {"set_nested_consumer", SetNestedConsumer, METH_O, nullptr},
     {"set_direct_runner", SetDirectRunner, METH_VARARGS, nullptr},
+    {"own_direct_runs", OwnDirectRuns, METH_NOARGS, nullptr},
     {"set_interrupt_thread", SetInterruptThread, METH_VARARGS, nullptr},
     {"runs_host_function_here", RunsHostFunctionOnThisThread, METH_NOARGS, nullptr},
     {nullptr, nullptr, 0, nullptr},

@@ -10,6 +10,7 @@
 #include <cstring>
 #include <memory>
 #include <new>
+#include <unordered_map>
 #include <utility>
 #include <vector>
 
@@ -25,6 +26,13 @@ namespace {
 PyObject* runner = nullptr;  // owned references, or null
 PyObject* wire = nullptr;
 PyObject* device_buffer = nullptr;
+PyObject* consumers = nullptr;  // consumer id -> consumer: a dict, read only
+PyObject* failed = nullptr;
+
+// The runs of the consumers called here (CallConsumer), by device id: the
+// runner counts its own. Guarded by the GIL; never erased, so that a run
+// holds its entry while its consumer runs.
+std::unordered_map<int64_t, OwnRuns> own_runs;
 
 // How many direct runs' runner calls the calling thread is inside (a host
 // function may run JAX code that runs another): RunsHostFunctionHere.
@@ -463,6 +471,47 @@ PyObject* CallRunner(const Site& site, const DirectRequest& request,
   return results;
 }
 
+// A plain request's consumer (a tap's, or a call's with no lent buffers),
+// called here, which costs less than the runner's Python frame: what the
+// runner does, counted in own_runs, and an exception goes through
+// `failed(entry, error)`, which raises what the runner would. A consumer
+// no longer registered goes to the runner, which raises the error.
+PyObject* CallConsumer(const Site& site, const DirectRequest& request,
+                       PyObject* args) {
+  PyObject* consumer = PyDict_GetItemWithError(consumers, site.entry);
+  if (consumer == nullptr) {
+    return PyErr_Occurred() ? nullptr
+                            : CallRunner(site, request, args, nullptr);
+  }
+  PyObject* device_id = PyLong_FromLongLong(request.device_id);
+  if (device_id == nullptr) return nullptr;
+  Py_INCREF(consumer);  // borrowed from the dict, which the run may change
+  OwnRuns& runs = own_runs[request.device_id];
+  ++runs.running;
+  PyObject* results =
+      PyObject_CallFunctionObjArgs(consumer, args, device_id, nullptr);
+  --runs.running;
+  ++runs.ran;
+  Py_DECREF(consumer);
+  Py_DECREF(device_id);
+  if (results != nullptr) return results;
+  PyObject *type, *value, *traceback;
+  PyErr_Fetch(&type, &value, &traceback);
+  PyErr_NormalizeException(&type, &value, &traceback);
+  if (traceback != nullptr) PyException_SetTraceback(value, traceback);
+  PyObject* none = PyObject_CallFunctionObjArgs(failed, site.entry, value,
+                                                nullptr);  // raises
+  if (none != nullptr) {
+    Py_DECREF(none);
+    PyErr_SetString(PyExc_RuntimeError,
+                    "host_callback: a host function failed");
+  }
+  Py_XDECREF(type);
+  Py_XDECREF(value);
+  Py_XDECREF(traceback);
+  return nullptr;
+}
+
 DirectOutcome RunWithGil(const DirectRequest& request, std::string* error) {
   if (runner == nullptr) return DirectOutcome::kDeclined;
   std::shared_ptr<const Site> site = FindSite(request.site);
@@ -495,7 +544,9 @@ DirectOutcome RunWithGil(const DirectRequest& request, std::string* error) {
     return TakeException(error);
   }
   ++runner_calls_here;
-  PyObject* results = CallRunner(*site, request, args, outputs);
+  PyObject* results = consumers != nullptr && !lends
+                          ? CallConsumer(*site, request, args)
+                          : CallRunner(*site, request, args, outputs);
   --runner_calls_here;
   Py_DECREF(args);
   Py_XDECREF(outputs);
@@ -530,14 +581,23 @@ DirectOutcome RunWithGil(const DirectRequest& request, std::string* error) {
 }  // namespace
 
 void SetRunner(PyObject* new_runner, PyObject* new_wire,
-               PyObject* new_device_buffer) {
-  Py_XINCREF(new_runner);
-  Py_XINCREF(new_wire);
-  Py_XINCREF(new_device_buffer);
+               PyObject* new_device_buffer, PyObject* new_consumers,
+               PyObject* new_failed) {
+  if (new_consumers == nullptr || new_failed == nullptr) {
+    new_consumers = new_failed = nullptr;
+  }
+  for (PyObject* object : {new_runner, new_wire, new_device_buffer,
+                           new_consumers, new_failed}) {
+    Py_XINCREF(object);
+  }
   Replace(&runner, new_runner);
   Replace(&wire, new_wire);
   Replace(&device_buffer, new_device_buffer);
+  Replace(&consumers, new_consumers);
+  Replace(&failed, new_failed);
 }
+
+std::unordered_map<int64_t, OwnRuns> OwnRunsNow() { return own_runs; }
 
 bool RunsHostFunctionHere() { return runner_calls_here > 0; }
 

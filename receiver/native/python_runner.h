@@ -21,6 +21,7 @@
 
 #include <cstdint>
 #include <string>
+#include <unordered_map>
 
 #include "direct_runs.h"
 
@@ -38,8 +39,23 @@ namespace hcb::python {
 // gets `stream` (the cudaStream_t as an int), and its consumer writes the
 // results into `outputs` on that stream: nothing is copied here. A kept
 // GPU buffer is released (it exports nothing more) and fails the run.
-// All null: no direct runs. Needs the GIL.
-void SetRunner(PyObject* runner, PyObject* wire, PyObject* device_buffer);
+// With `consumers` (a dict: entry -> consumer) and `failed`, a request
+// that is lent no buffers (every tap's) skips the runner's Python frame:
+// its consumer is called here as `consumer(args, device_id)`, the run
+// counted here (OwnRunsNow), and an exception goes to `failed(entry,
+// error)`, which raises what the runner would have. Both null: the runner
+// runs every request. The first three null: no direct runs. Needs the GIL.
+void SetRunner(PyObject* runner, PyObject* wire, PyObject* device_buffer,
+               PyObject* consumers, PyObject* failed);
+
+// The runs of the consumers called without the runner, per device.
+struct OwnRuns {
+  int64_t ran = 0;
+  int64_t running = 0;
+};
+
+// Those counts now, by device id. Needs the GIL.
+std::unordered_map<int64_t, OwnRuns> OwnRunsNow();
 
 // Whether the calling thread runs a host function for a direct run now,
 // so that a barrier called from it would wait for itself. The runner keeps
