@@ -214,8 +214,8 @@ def test_collectors_write_read_and_tabulate(tmp_path):
 ])
 @pytest.mark.usefixtures("both_modes")
 def test_selected_values_of_any_layout_arrive_as_selected(select, expected):
-  """Small values of one dtype travel in one array with the step, others
-  after it: either way the event has the step and `select`'s value."""
+  """Whatever the leaves of `select`'s value (one dtype or several, a
+  tree, none), the event has the step and that value."""
   def loops(x):
     x = jax.lax.scan(lambda c, _: (c + 1.0, None), x, None, length=3)[0]
     return jax.lax.while_loop(lambda c: c < 5.0, lambda c: c + 1.0, x)
@@ -228,21 +228,6 @@ def test_selected_values_of_any_layout_arrive_as_selected(select, expected):
          for e in rec.events]
   assert got == [("scan[0]", s, expected(s + 1.0)) for s in range(3)] + [
       ("while[1]", s, expected(s + 4.0)) for s in range(2)]
-
-
-@pytest.mark.parametrize("dtype, total", [
-    (jnp.float32, 10), (jnp.float32, None), (jnp.int32, None)])
-def test_a_packed_step_comes_back_exactly(dtype, total):
-  """A float32 holds integers up to 2**24: a step that may be larger (a
-  while_loop's) travels in two parts."""
-  from host_callback.loops.emission import INACTIVE, Packing
-  value = jnp.zeros((), dtype)
-  packing = Packing.of([value], total)
-  for step in (0, 7, 2**24 + 3, 2**31 - 1, -1, INACTIVE):
-    if total is not None and step > total:
-      continue
-    sent = np.asarray(jax.jit(packing.pack)(jnp.int32(step), [value]))
-    assert packing.step_of(sent) == step
 
 
 def test_a_tap_site_s_events_are_frozen_tap_events():
@@ -304,7 +289,7 @@ def test_a_sampled_scan_reports_every_kth_step_with_the_same_bits(length,
 
 
 def test_an_unsampled_step_runs_only_a_compare_and_a_cond():
-  """With sample_every=k the select, the packing and the tap are all in the
+  """With sample_every=k the select and the tap are all in the
   cond's taken branch: outside it the body has the step's bookkeeping
   and the user's own work only. (Running a scan's unsampled steps in an
   inner scan instead, with no cond, changed the bits of gradients: the

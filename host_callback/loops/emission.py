@@ -2,13 +2,12 @@
 `host_callback.id_tap`, and the host function that turns it into events.
 
 A tap sends the step (for a `while_loop`, INACTIVE where the step is not
-real: under `vmap` a finished lane runs on without being active) and the
-leaves of what `select` returned: where they are small and of one 4- or
-8-byte dtype (a scalar loss, a norm, nothing), all in one array whose
-first element holds the step's bits, so that an event is one operand of
-one tap; else the step, then the leaves. With `sample_every=k` the tap sits
-in a `lax.cond` on `step % k == 0`, so unsampled steps neither select nor
-send.
+real: under `vmap` a finished lane runs on without being active), then
+the leaves of what `select` returned, each an operand of its own: the
+native runner makes each operand's array itself, which costs less than
+slicing one packed array in Python (and a step may be any int32). With
+`sample_every=k` the tap sits in a `lax.cond` on `step % k == 0`, so
+unsampled steps neither select nor send.
 """
 
 from __future__ import annotations
@@ -16,10 +15,9 @@ from __future__ import annotations
 import dataclasses
 import functools
 import inspect
-import math
 import operator
 from typing import (Any, Callable, Dict, Iterator, Optional, Protocol,
-                    Sequence, Tuple)
+                    Sequence)
 
 import jax
 import jax.numpy as jnp
@@ -88,14 +86,6 @@ def _lanes(leaves: tuple, batches: Sequence[tuple]) -> Iterator[tuple]:
 # steps are >= 0, and -1 outside loops (a primitive tap's).
 INACTIVE = -2
 
-# A value of at most this many elements travels in one array with its step
-# (see `Packing`); a larger one in its own arrays.
-_PACKED_MAX = 1024
-
-# A float32 holds every integer up to 2**24 exactly: a step that may be
-# larger travels as two floats, `step // _SPLIT` and `step % _SPLIT`.
-_SPLIT = 1 << 24
-
 _ONE_LEAF = jax.tree_util.tree_structure(0)
 
 
@@ -109,77 +99,19 @@ def _value_builder(treedef: Any) -> Callable[[Sequence[Any]], Any]:
   return functools.partial(jax.tree_util.tree_unflatten, treedef)
 
 
-@dataclasses.dataclass(frozen=True)
-class Packing:
-  """One array that carries a step and the leaves of its value: `head`
-  elements of `dtype` hold the step as a number (two, `step // _SPLIT` and
-  `step % _SPLIT`, where a float32 might not hold it exactly), then each
-  leaf, raveled. An event is then one operand of one tap: a second operand
-  cost more than the few device instructions that pack it, or unpacking
-  it on the host."""
-  dtype: np.dtype
-  head: int
-
-  @classmethod
-  def of(cls, leaves: Sequence[Any], total: Optional[int]
-         ) -> Optional["Packing"]:
-    """The packing of `leaves` (small, of one 4- or 8-byte signed integer
-    or float dtype; nothing: the step alone), or None where they travel as
-    they are, after the step. `total`: the loop's length where known."""
-    if not leaves:
-      return cls(np.dtype(np.int32), 1)
-    dtypes = {leaf.dtype for leaf in leaves}
-    dtype = dtypes.pop()
-    if (dtypes or not isinstance(dtype, np.dtype)  # a PRNG key's, say
-        or dtype.kind not in "if" or dtype.itemsize not in (4, 8)
-        or sum(math.prod(leaf.shape) for leaf in leaves) > _PACKED_MAX):
-      return None
-    exact = (dtype != np.float32
-             or (total is not None and total <= _SPLIT))
-    return cls(dtype, 1 if exact else 2)
-
-  def pack(self, step: Any, leaves: Sequence[Any]) -> Any:
-    """The device side: the array."""
-    head = ([step] if self.head == 1 else
-            [step // _SPLIT, step % _SPLIT])
-    return jnp.concatenate(
-        [jnp.asarray(head).astype(self.dtype),
-         *(leaf.reshape(-1) for leaf in leaves)])
-
-  def step_of(self, sent: np.ndarray) -> int:
-    if self.head == 1:
-      return int(sent.item(0))
-    return int(sent.item(0)) * _SPLIT + int(sent.item(1))
-
-  def decoder(self, shapes: Sequence[Tuple[int, ...]], treedef: Any
-              ) -> Callable[[np.ndarray], Any]:
-    """The host side: the value of an array that `pack` made, its leaves
-    views of it."""
-    bounds, start = [], self.head
-    for shape in shapes:
-      size = math.prod(shape)
-      bounds.append((start, start + size, shape))
-      start += size
-    value = _value_builder(treedef)
-    return lambda sent: value([sent[begin:end].reshape(shape)
-                               for begin, end, shape in bounds])
-
-
-def host_side(path: str, total: Optional[int], kind: str,
-              packing: Optional[Packing], treedef: Any,
-              shapes: Sequence[Tuple[int, ...]],
+def host_side(path: str, total: Optional[int], kind: str, treedef: Any,
               deliver: Callable[[TapEvent], None]) -> Callable[..., None]:
   """The host function of one tap site, a new function for each (compared
   by identity): what does not change from step to step (the path, total,
-  kind, how to decode what was sent, where events go, the devices) is
-  fixed when the site is traced. It is a consumer (see
+  kind, how to rebuild the value, where events go, the devices) is fixed
+  when the site is traced. It is a consumer (see
   `HostFunction.consumer_context`), called as `consume(arrays, device_id)`
   for every event, with `transforms=` under `vmap`: the device comes as
-  its number, with no keyword argument to build. `arrays` is one array (a
-  site with a `packing`) or `[step, *leaves]`; a step of INACTIVE makes no
-  event."""
+  its number, with no keyword argument to build. `arrays` is `[step,
+  *leaves]`; a step of INACTIVE makes no event."""
   event = site_events(path, total, kind)
   devices: Dict[int, Any] = {}  # by number
+  value_of = _value_builder(treedef)
 
   def device_of(number: int) -> Any:
     device = devices.get(number)
@@ -187,18 +119,11 @@ def host_side(path: str, total: Optional[int], kind: str,
       device = devices[number] = device_by_number(number)
     return device
 
-  if packing is not None:
-    step_of, value_of = packing.step_of, packing.decoder(shapes, treedef)
-  else:
-    values = _value_builder(treedef)
-    step_of = lambda sent: sent[0].item()  # noqa: E731
-    value_of = lambda sent: values(sent[1:])  # noqa: E731
-
-  def emit(sent: Any, device: Any) -> None:
+  def emit(sent: Sequence[Any], device: Any) -> None:
     """The event of what one step (or one `vmap` lane) sent."""
-    step = step_of(sent)
+    step = sent[0].item()
     if step != INACTIVE:
-      deliver(event(step, value_of(sent), device))
+      deliver(event(step, value_of(sent[1:]), device))
 
   def lanes(arrays: Sequence[Any], device_id: int, transforms: tuple) -> None:
     """The events of each `vmap` lane."""
@@ -206,13 +131,11 @@ def host_side(path: str, total: Optional[int], kind: str,
                if name == "batch"]
     device = device_of(device_id)
     for lane in _lanes(tuple(arrays), batches):
-      emit(lane[0] if packing is not None else lane, device)
+      emit(lane, device)
 
-  if packing is not None and packing.head == 1 and treedef == _ONE_LEAF and (
-      shapes[0] == ()):
-    # The usual `select`, one scalar (`[step, value]`): decoded inline, the
-    # value a 0-d view, as an unpacked leaf is; the event made inline, as
-    # `site_events` makes it, and given to a guarded callback with the
+  if treedef == _ONE_LEAF:
+    # The usual `select`, one leaf (a scalar loss): the event made inline,
+    # as `site_events` makes it, and given to a guarded callback with the
     # guard inline (an observer that is not one guards itself).
     callback = getattr(deliver, "__wrapped__", deliver)
 
@@ -221,8 +144,7 @@ def host_side(path: str, total: Optional[int], kind: str,
       if transforms:
         lanes(arrays, device_id, transforms)
         return
-      sent = arrays[0]
-      step = int(sent.item(0))
+      step = arrays[0].item()
       if step != INACTIVE:
         device = devices.get(device_id)
         if device is None:
@@ -230,7 +152,7 @@ def host_side(path: str, total: Optional[int], kind: str,
         event = Unfrozen()
         event.path = path
         event.step = step
-        event.value = sent[..., 1]
+        event.value = arrays[1]
         event.total = total
         event.kind = kind
         event.device = device
@@ -245,8 +167,7 @@ def host_side(path: str, total: Optional[int], kind: str,
       if transforms:
         lanes(arrays, device_id, transforms)
       else:
-        emit(arrays[0] if packing is not None else arrays,
-             device_of(device_id))
+        emit(arrays, device_of(device_id))
 
   # What a printed jaxpr and an error show.
   consume.__name__ = consume.__qualname__ = (
@@ -281,15 +202,11 @@ class Emitter:
       leaves = [jnp.asarray(leaf) for leaf in leaves]
       code = (step if active is None
               else jnp.where(active(), step, jnp.int32(INACTIVE)))
-      # A partitioned tap sends each device's shard of each leaf: no
-      # packing, which would make one array of the step and the shards.
-      packing = None if self.partitioned else Packing.of(leaves, total)
-      consume = host_side(path, total, kind, packing, treedef,
-                          [leaf.shape for leaf in leaves], deliver)
+      consume = host_side(path, total, kind, treedef, deliver)
       # Bound as `id_tap` binds it, with a host function that is a
-      # consumer (see `host_side`).
-      operands = ([code, *leaves] if packing is None
-                  else [packing.pack(code, leaves)])
+      # consumer (see `host_side`). A partitioned tap sends each device's
+      # shard of each leaf.
+      operands = [code, *leaves]
       function = HostFunction(
           consume, jax.tree_util.tree_structure(operands), with_device=False,
           is_call=False, partitioned=self.partitioned,
@@ -298,8 +215,8 @@ class Emitter:
                      device_index=0)
 
     if gated and self.sample_every > 1:
-      # Steps are >= 0 here: a plain remainder, no sign fix-up. The select,
-      # the packing and the tap are all in the taken branch.
+      # Steps are >= 0 here: a plain remainder, no sign fix-up. The select
+      # and the tap are all in the taken branch.
       jax.lax.cond(jax.lax.rem(step, jnp.int32(self.sample_every)) == 0,
                    tap, lambda: None)
     else:
