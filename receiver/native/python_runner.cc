@@ -485,7 +485,11 @@ PyObject* CallConsumer(const Site& site, const DirectRequest& request,
   }
   PyObject* device_id = PyLong_FromLongLong(request.device_id);
   if (device_id == nullptr) return nullptr;
-  Py_INCREF(consumer);  // borrowed from the dict, which the run may change
+  // Held for the run: the consumer is borrowed from the dict, which the run
+  // may change, and SetRunner may drop `failed` meanwhile (at exit).
+  PyObject* on_failure = failed;
+  Py_INCREF(consumer);
+  Py_INCREF(on_failure);
   OwnRuns& runs = own_runs[request.device_id];
   ++runs.running;
   PyObject* results =
@@ -494,22 +498,24 @@ PyObject* CallConsumer(const Site& site, const DirectRequest& request,
   ++runs.ran;
   Py_DECREF(consumer);
   Py_DECREF(device_id);
-  if (results != nullptr) return results;
-  PyObject *type, *value, *traceback;
-  PyErr_Fetch(&type, &value, &traceback);
-  PyErr_NormalizeException(&type, &value, &traceback);
-  if (traceback != nullptr) PyException_SetTraceback(value, traceback);
-  PyObject* none = PyObject_CallFunctionObjArgs(failed, site.entry, value,
-                                                nullptr);  // raises
-  if (none != nullptr) {
-    Py_DECREF(none);
-    PyErr_SetString(PyExc_RuntimeError,
-                    "host_callback: a host function failed");
+  if (results == nullptr) {
+    PyObject *type, *value, *traceback;
+    PyErr_Fetch(&type, &value, &traceback);
+    PyErr_NormalizeException(&type, &value, &traceback);
+    if (traceback != nullptr) PyException_SetTraceback(value, traceback);
+    PyObject* none = PyObject_CallFunctionObjArgs(on_failure, site.entry,
+                                                  value, nullptr);  // raises
+    if (none != nullptr) {
+      Py_DECREF(none);
+      PyErr_SetString(PyExc_RuntimeError,
+                      "host_callback: a host function failed");
+    }
+    Py_XDECREF(type);
+    Py_XDECREF(value);
+    Py_XDECREF(traceback);
   }
-  Py_XDECREF(type);
-  Py_XDECREF(value);
-  Py_XDECREF(traceback);
-  return nullptr;
+  Py_DECREF(on_failure);
+  return results;
 }
 
 DirectOutcome RunWithGil(const DirectRequest& request, std::string* error) {
