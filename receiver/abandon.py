@@ -33,23 +33,24 @@ _QUIET_SECONDS = 1.0
 _SETTLE_SECONDS = 0.01
 
 
-def abandon(runs: RunCounts, sent: Callable[[], Mapping[QueueKey, int]],
-            close_own: Callable[[], Mapping[QueueKey, Tuple[int, int]]],
+def abandon(runs: RunCounts, close_own: Callable[[], None],
+            sent: Callable[[], Mapping[QueueKey, int]],
+            own: Callable[[], Mapping[QueueKey, Tuple[int, int]]],
             executions_running: Callable[[], Optional[int]],
             why: str) -> None:
-  """Closes `runs`, and the direct runs the transports count themselves
-  (`close_own()`, their counts); when a host function runs, a packet was
-  dropped or an execution runs (`executions_running()`, None where not
-  counted), writes what was left and ends the process with
-  `EXIT_STATUS`. Returns only when nothing was left."""
+  """Closes `runs`, and with `close_own()` the direct runs that the
+  transports count themselves (`own()`, their counts); when a host
+  function runs, a packet was dropped or an execution runs
+  (`executions_running()`, None where not counted), writes what was left
+  and ends the process with `EXIT_STATUS`. Returns only when nothing was
+  left."""
   previous = sys.getswitchinterval()
   runs.close()
   close_own()  # from now on, direct runs go through `runs`, and refuse
   _quiet_other_threads()
   _flush_standard_streams()
   sent_now, executions = sent(), executions_running()
-  # The GIL is not released from here on.
-  left = runs.left(sent_now, close_own())
+  left = runs.left(sent_now, own())  # the GIL is not released from here on
   if executions or any(q.running or q.dropped for q in left.values()):
     _write_holding_the_gil(report(why, left, executions))
     os._exit(EXIT_STATUS)  # pylint: disable=protected-access

@@ -224,13 +224,16 @@ class Runtime:
     with self._lock:
       self._register_at_exit()
 
-  def _close_own_direct_runs(self) -> Dict[QueueKey, Tuple[int, int]]:
-    """Each transport's `close_own_direct_runs`, by queue."""
+  def _close_own_direct_runs(self) -> None:
+    for transport in (self._transports or {}).values():
+      transport.close_own_direct_runs()
+
+  def _own_direct_runs(self) -> Dict[QueueKey, Tuple[int, int]]:
+    """Each transport's `own_direct_runs`, by queue."""
     transports = self._transports or {}
     return {(name, device_id): counts
             for name, transport in transports.items()
-            for device_id, counts in
-            transport.close_own_direct_runs().items()}
+            for device_id, counts in transport.own_direct_runs().items()}
 
   def _sent(self) -> Dict[QueueKey, int]:
     """Packets sent so far by each opened queue. Takes no lock but the
@@ -339,8 +342,8 @@ class Runtime:
     None where not counted), writes what was left to stderr, beginning
     with `why`, and ends the process at once (`receiver/abandon.py`).
     Returns only when nothing was left."""
-    abandon.abandon(self.runs, self._sent, self._close_own_direct_runs,
-                    executions_running, why)
+    abandon.abandon(self.runs, self._close_own_direct_runs, self._sent,
+                    self._own_direct_runs, executions_running, why)
 
 
 def _log_stopped(receiver: Receiver) -> None:

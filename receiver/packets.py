@@ -90,7 +90,7 @@ class DirectRunParts:
   with: `run` does it all. A transport may skip its frame for a request
   that is lent no buffers (every tap's): call the consumer of `consumers`
   (by id; read, never written) as `consumer(arrays, device_id)`, count the
-  run itself (`Transport.close_own_direct_runs`), and give an exception
+  run itself (`Transport.own_direct_runs`), and give an exception
   to `failed(consumer_id, error)`, which raises what `run` would; a
   consumer that is not there goes to `run`, which raises the error."""
   run: DirectRun

@@ -80,7 +80,7 @@ class RunCounts:
            own: Mapping[QueueKey, Tuple[int, int]]) -> Dict[QueueKey, Left]:
     """Each queue's counts, given how many packets each was `sent` and the
     (ran, running) of the direct runs its transport counted itself
-    (`Transport.close_own_direct_runs`); only the queues where something
+    (`Transport.own_direct_runs`); only the queues where something
     ran, runs or was dropped."""
     with self._lock:
       queues = dict(self._queues)

@@ -68,10 +68,13 @@ class Transport(Producer, Protocol):
     `runner.run(consumer_id, device_id, arrays)` returns the results or
     raises `DirectRunError`."""
 
-  def close_own_direct_runs(self) -> Dict[int, Tuple[int, int]]:
-    """From now on every direct run goes through `DirectRunParts.run` (which
-    refuses once the run counts are closed); returns, by device id, the
-    (ran, running) counts of the runs the transport made without it."""
+  def close_own_direct_runs(self) -> None:
+    """From now on every direct run goes through `DirectRunParts.run`,
+    which refuses them once the run counts are closed."""
+
+  def own_direct_runs(self) -> Dict[int, Tuple[int, int]]:
+    """By device id, the (ran, running) counts of the direct runs the
+    transport made without `DirectRunParts.run`."""
 
   def set_nested_consumer(self, consume: Callable[[int], None]) -> None:
     """Lets a device's consumer thread serve a request it makes of that

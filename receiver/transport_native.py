@@ -166,7 +166,6 @@ class NativeTransport:
     self._devices: Dict[int, _Device] = {}
     self._listener: Optional[Callable[[int], None]] = None
     self._max_bytes = 0
-    self._direct_runner: Optional[DirectRunParts] = None
     # Each thread's buffers for taking as a guest (take_here), by device.
     self._guests = threading.local()
     # A device that waits on Python's main thread checks for Ctrl-C.
@@ -211,16 +210,14 @@ class NativeTransport:
     native.set_interrupt_thread(0)
 
   def set_direct_runner(self, runner: DirectRunParts) -> None:
-    self._direct_runner = runner
     native.set_direct_runner(runner.run, native_wire.wire_array,
                              device_buffers.CudaBuffer, runner.consumers,
                              runner.failed)
 
-  def close_own_direct_runs(self) -> Dict[int, Tuple[int, int]]:
-    runner = self._direct_runner
-    if runner is not None:
-      native.set_direct_runner(runner.run, native_wire.wire_array,
-                               device_buffers.CudaBuffer)
+  def close_own_direct_runs(self) -> None:
+    native.close_own_direct_runs()
+
+  def own_direct_runs(self) -> Dict[int, Tuple[int, int]]:
     return native.own_direct_runs()
 
   def set_nested_consumer(self, consume: Callable[[int], None]) -> None:

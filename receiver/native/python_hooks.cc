@@ -116,6 +116,11 @@ PyObject* SetDirectRunner(PyObject*, PyObject* args) {
   Py_RETURN_NONE;
 }
 
+PyObject* CloseOwnDirectRuns(PyObject*, PyObject*) {
+  StopCallingConsumers();
+  Py_RETURN_NONE;
+}
+
 PyObject* OwnDirectRuns(PyObject*, PyObject*) {
   PyObject* runs = PyDict_New();
   for (const auto& [device_id, counts] : OwnRunsNow()) {
@@ -153,6 +158,7 @@ PyMethodDef kHookMethods[] = {
     {"set_restart_hook", SetRestartHook, METH_O, nullptr},
     {"set_nested_consumer", SetNestedConsumer, METH_O, nullptr},
     {"set_direct_runner", SetDirectRunner, METH_VARARGS, nullptr},
+    {"close_own_direct_runs", CloseOwnDirectRuns, METH_NOARGS, nullptr},
     {"own_direct_runs", OwnDirectRuns, METH_NOARGS, nullptr},
     {"set_interrupt_thread", SetInterruptThread, METH_VARARGS, nullptr},
     {"runs_host_function_here", RunsHostFunctionOnThisThread, METH_NOARGS, nullptr},

@@ -486,7 +486,7 @@ PyObject* CallConsumer(const Site& site, const DirectRequest& request,
   PyObject* device_id = PyLong_FromLongLong(request.device_id);
   if (device_id == nullptr) return nullptr;
   // Held for the run: the consumer is borrowed from the dict, which the run
-  // may change, and SetRunner may drop `failed` meanwhile (at exit).
+  // may change, and StopCallingConsumers may drop `failed` meanwhile.
   PyObject* on_failure = failed;
   Py_INCREF(consumer);
   Py_INCREF(on_failure);
@@ -601,6 +601,11 @@ void SetRunner(PyObject* new_runner, PyObject* new_wire,
   Replace(&device_buffer, new_device_buffer);
   Replace(&consumers, new_consumers);
   Replace(&failed, new_failed);
+}
+
+void StopCallingConsumers() {
+  Replace(&consumers, nullptr);
+  Replace(&failed, nullptr);  // a run that holds it keeps its own reference
 }
 
 std::unordered_map<int64_t, OwnRuns> OwnRunsNow() { return own_runs; }

@@ -48,6 +48,10 @@ namespace hcb::python {
 void SetRunner(PyObject* runner, PyObject* wire, PyObject* device_buffer,
                PyObject* consumers, PyObject* failed);
 
+// From now on every request goes to the runner (which refuses them once the
+// process ends): `consumers` and `failed` are dropped. Needs the GIL.
+void StopCallingConsumers();
+
 // The runs of the consumers called without the runner, per device.
 struct OwnRuns {
   int64_t ran = 0;
