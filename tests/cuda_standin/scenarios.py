@@ -41,8 +41,9 @@ class StandIn:
   def delay_us(self, us):
     self.lib.hcb_standin_delay_us(us)
 
-  def fail(self, name, nth=1, error=1):
-    self.lib.hcb_standin_fail(name.encode(), nth, error)
+  def fail(self, name, nth=1):
+    """The nth call of `name` from now fails (cudaErrorInvalidValue)."""
+    self.lib.hcb_standin_fail(name.encode(), nth, 1)
 
   def pending(self):
     return self.lib.hcb_standin_pending()
@@ -208,11 +209,10 @@ def failures(standin):
     assert value(raw) == 100 + i
   # A failed event stops that GPU's transport, with an error naming it.
   standin.fail("cudaEventSynchronize", 1)
-  standin.fail("cudaEventQuery", 1, 600)  # not ready: the landing waits
-  standin.hold(True)
+  standin.hold(True)  # the copy waits, so the landing's wait is made
   tap(standin, arrays, ordinal=1)
-  standin.hold(False)
   wait_until(lambda: native.cuda_stats(1)[4] != "")
+  standin.hold(False)
   assert "cudaEventSynchronize failed" in native.cuda_stats(1)[4]
   try:
     tap(standin, arrays, ordinal=1)
@@ -220,7 +220,7 @@ def failures(standin):
     assert "cudaEventSynchronize failed" in str(error), error
   else:
     raise AssertionError("a GPU whose event failed kept tapping")
-  assert queue_stats(1)[:2] == (0, 0), queue_stats(1)
+  wait_until(lambda: queue_stats(1)[:2] == (0, 0))  # the room given back
 
 
 def barrier(standin):
