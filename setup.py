@@ -105,6 +105,7 @@ SOURCES = (
     "module.cc", "module_support.cc", "module_queues.cc", "module_cuda.cc",
     "module_testing.cc", "python_hooks.cc", "python_runner.cc",
     "python_sites.cc", "python_memory.cc", "python_dlpack.cc",
+    "python_instances.cc",
 )
 HEADERS = (
     "status.h", "packet.h", "waits.h", "block_pool.h", "device_queue.h",

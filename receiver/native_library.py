@@ -15,9 +15,9 @@ from __future__ import annotations
 
 import os
 from types import ModuleType
-from typing import Any, Dict, Optional, Tuple
+from typing import Any, Callable, Dict, Optional, Tuple
 
-ABI_VERSION = 16
+ABI_VERSION = 17
 
 
 def _load() -> Optional[ModuleType]:
@@ -99,6 +99,24 @@ def cuda_stats(ordinal: int) -> Dict[str, Any]:
   assert native is not None, "the native transport is not built"
   return dict(zip(("issued", "landed", "in_flight", "events", "failure"),
                   native.cuda_stats(ordinal)))
+
+
+def _fill_slots(cls: type, *values: Any) -> Any:
+  """`new_instance` where the native module is not built."""
+  instance = object.__new__(cls)
+  for name, value in zip(cls.__slots__, values, strict=True):
+    object.__setattr__(instance, name, value)
+  return instance
+
+
+# `new_instance(cls, *values)`: a new instance of `cls`, a class whose
+# instances hold only `__slots__`, its slots set to `values` in the order of
+# `cls.__slots__`, without running `__init__` or `__setattr__`: how a frozen
+# dataclass with slots is made at about the cost of a tuple
+# (`native/python_instances.cc`); its own `__init__` costs several times
+# more. Pure Python where the module is not built.
+new_instance: Callable[..., Any] = (
+    native.new_instance if native is not None else _fill_slots)
 
 
 # Tests only: `native._testing_cuda_standin(path)` installs the CUDA

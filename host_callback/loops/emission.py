@@ -27,7 +27,8 @@ from ..host.device_numbers import device_by_number
 from ..host.host_functions import HostFunction
 from ..primitive import primitive
 from .delivery import callback_failed
-from .events import TapEvent, Unfrozen, site_events
+from ..receiver.native_library import new_instance
+from .events import TapEvent, site_events
 from .primitive_taps import PrimitiveTap
 
 
@@ -121,7 +122,7 @@ def host_side(path: str, total: Optional[int], kind: str, treedef: Any,
 
   def emit(sent: Sequence[Any], device: Any) -> None:
     """The event of what one step (or one `vmap` lane) sent."""
-    step = sent[0].item()
+    step = sent[0].tolist()
     if step != INACTIVE:
       deliver(event(step, value_of(sent[1:]), device))
 
@@ -144,21 +145,14 @@ def host_side(path: str, total: Optional[int], kind: str, treedef: Any,
       if transforms:
         lanes(arrays, device_id, transforms)
         return
-      step = arrays[0].item()
+      step = arrays[0].tolist()  # an int, for less than item()
       if step != INACTIVE:
         device = devices.get(device_id)
         if device is None:
           device = device_of(device_id)
-        event = Unfrozen()
-        event.path = path
-        event.step = step
-        event.value = arrays[1]
-        event.total = total
-        event.kind = kind
-        event.device = device
-        event.__class__ = TapEvent
         try:
-          callback(event)
+          callback(new_instance(TapEvent, path, step, arrays[1], total, kind,
+                                device))
         except Exception as error:  # noqa: BLE001
           callback_failed(callback, error)
   else:

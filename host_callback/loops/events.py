@@ -6,6 +6,8 @@ from __future__ import annotations
 import dataclasses
 from typing import Any, Callable, Optional
 
+from ..receiver.native_library import new_instance
+
 @dataclasses.dataclass(frozen=True, slots=True)
 class TapEvent:
   """One observation, delivered to `on_step` (carry and primitive taps) or
@@ -33,28 +35,12 @@ class TapEvent:
   device: Any = None
 
 
-# TapEvent's slots, not frozen: an event is made as one of these (calling
-# the class costs less than `object.__new__`), filled by plain attribute
-# stores (the frozen `__init__`, or the slots' own setters, cost about
-# twice as much), then becomes a TapEvent, which Python allows because the
-# two lay out their instances alike. Every field is set: the slots have no
-# defaults. `site_events` makes events so; the consumer of the usual select
-# does it inline (`emission.host_side`), which saves a call per event.
-Unfrozen = type("_UnfrozenTapEvent", (), {"__slots__": TapEvent.__slots__})
-
-
 def site_events(path: str, total: Optional[int], kind: str
                 ) -> Callable[[int, Any, Any], TapEvent]:
   """`make(step, value, device)`: the events of a tap site whose path,
-  total and kind are these, what its host function makes for every step."""
+  total and kind are these, what its host function makes for every step
+  (with `new_instance`, which costs less than TapEvent's own `__init__`;
+  the consumer of the usual select makes them inline, as this does)."""
   def make(step: int, value: Any, device: Any) -> TapEvent:
-    event = Unfrozen()
-    event.path = path
-    event.step = step
-    event.value = value
-    event.total = total
-    event.kind = kind
-    event.device = device
-    event.__class__ = TapEvent
-    return event
+    return new_instance(TapEvent, path, step, value, total, kind, device)
   return make

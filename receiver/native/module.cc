@@ -2,7 +2,8 @@
 // native core. This file makes the module: it adds the functions of its
 // parts (module_queues.cc: queues, sites, replies, executions and the CPU's
 // FFI handlers; module_cuda.cc: the CUDA transport; module_testing.cc:
-// tests only; python_hooks.cc: the hooks into Python), the Memory type
+// tests only; python_hooks.cc: the hooks into Python; python_instances.cc:
+// new_instance), the Memory type
 // (python_memory.h), and the constants the Python side reads instead of
 // writing them again. The Python side is receiver/native_library.py and
 // receiver/transport_native.py.
@@ -30,7 +31,7 @@ namespace {
 
 // Bumped whenever a function's signature changes (the module's
 // ABI_VERSION, which receiver/native_library.py checks).
-constexpr int kAbiVersion = 16;
+constexpr int kAbiVersion = 17;
 
 // Adds `name` = `value` (a new reference, or null with an exception set)
 // to `module`; false with an exception set.
@@ -126,6 +127,7 @@ PyMODINIT_FUNC PyInit__native() {
   if (!AddConstant(module, "Memory", memory_type) ||
       PyModule_AddFunctions(module, hcb::python::kQueueMethods) < 0 ||
       PyModule_AddFunctions(module, hcb::python::kHookMethods) < 0 ||
+      PyModule_AddFunctions(module, hcb::python::kInstanceMethods) < 0 ||
       PyModule_AddFunctions(module, hcb::python::kCudaMethods) < 0 ||
       PyModule_AddFunctions(module, hcb::python::kTestingMethods) < 0 ||
       !AddConstants(module)) {

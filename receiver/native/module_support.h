@@ -79,6 +79,7 @@ extern PyMethodDef kQueueMethods[];    // module_queues.cc
 extern PyMethodDef kCudaMethods[];     // module_cuda.cc
 extern PyMethodDef kTestingMethods[];  // module_testing.cc
 extern PyMethodDef kHookMethods[];     // python_hooks.cc
+extern PyMethodDef kInstanceMethods[];  // python_instances.cc
 
 }  // namespace hcb::python
 
