@@ -25,7 +25,8 @@ scalar `select` (the carry's mean) adds to each step of a 20k-step trivial
 scan, and a 2k-step scan of a 64x64 matmul with `sample_every=100` beside
 the same scan without a lens and with jax-tap's, run in turns (100 x
 `--repeat` of each; the medians), since the VM's drift between long runs
-is larger than the difference.
+is larger than the difference; that row twice, as the process runs and
+with all its threads on one core (`_on_one_core`, on Linux).
 
 The large-array rows also time `jit(lambda x: x + 1)` on the same array, one
 pass over the data: the yardstick for a tap (one copy) and a call. The
@@ -41,6 +42,7 @@ of 4 bytes to 1 GiB on each transport.
 from __future__ import annotations
 
 import argparse
+import contextlib
 import functools
 import importlib
 import os
@@ -49,7 +51,7 @@ import re
 import statistics
 import sys
 import time
-from typing import Any, Callable, Dict, List, Optional, Tuple
+from typing import Any, Callable, Dict, Iterator, List, Optional, Tuple
 
 # Four CPU devices, for the barrier rows; every other row uses device 0.
 os.environ.setdefault("XLA_FLAGS", "--xla_force_host_platform_device_count=4")
@@ -388,6 +390,37 @@ def _in_turns(runs: Dict[str, Callable[[], float]], turns: int
   return {name: statistics.median(t) for name, t in times.items()}
 
 
+def _can_confine() -> bool:
+  """Whether `_on_one_core` can confine this process's threads (Linux)."""
+  return hasattr(os, "sched_setaffinity") and os.path.isdir("/proc/self/task")
+
+
+def _thread_ids() -> List[int]:
+  return [int(tid) for tid in os.listdir("/proc/self/task")]
+
+
+@contextlib.contextmanager
+def _on_one_core() -> Iterator[None]:
+  """Every thread of the process (XLA's pool and ours) on one core, the
+  first this process may use, until the block ends; then each thread
+  back on the cores it had (one started meanwhile: the process's). XLA
+  splits a 64x64 matmul between the pool's threads; on a small VM whose
+  cores differ in speed, how that split lands moves a scan's time by more
+  than the 5% a lens may cost, from process to process."""
+  allowed = os.sched_getaffinity(0)
+  before = {}
+  for tid in _thread_ids():
+    with contextlib.suppress(OSError):  # a thread that ended meanwhile
+      before[tid] = os.sched_getaffinity(tid)
+      os.sched_setaffinity(tid, {min(allowed)})
+  try:
+    yield
+  finally:
+    for tid in _thread_ids():
+      with contextlib.suppress(OSError):
+        os.sched_setaffinity(tid, before.get(tid, allowed))
+
+
 def _per_event(make: Callable, steps: int, repeat: int) -> float:
   """Microseconds that each event of a lens with a scalar `select` adds to
   a trivial scan step."""
@@ -470,19 +503,22 @@ class _Rows:
   def add_in_turns(self, scenario: str,
                    run_of: Callable[[Callable], Callable[[], float]],
                    baselines: Dict[str, Callable], factory: Callable,
-                   turns: int, synchronous: bool = False) -> None:
+                   turns: int, synchronous: bool = False,
+                   confined: Callable[[], Any] = contextlib.nullcontext
+                   ) -> None:
     """As `add`, in ms, for runs (in seconds) of `run_of(factory)` and
-    `run_of(baseline)` that take turns (`_in_turns`) on each transport; a
-    baseline's column shows its runs beside the last transport's (the
-    native one, where built)."""
+    `run_of(baseline)` that take turns (`_in_turns`) on each transport,
+    inside the context `confined()` makes; a baseline's column shows its
+    runs beside the last transport's (the native one, where built)."""
     if not self.wanted(scenario):
       return
     values: Dict[str, float] = {}
     for transport in self.transports:
       def measure() -> float:
-        times = _in_turns({"ours": run_of(factory),
-                           **{name: run_of(b)
-                              for name, b in baselines.items()}}, turns)
+        with confined():
+          times = _in_turns({"ours": run_of(factory),
+                             **{name: run_of(b)
+                                for name, b in baselines.items()}}, turns)
         ours = times.pop("ours")
         values.update(times)  # beside the last transport's, in the end
         return ours
@@ -659,14 +695,20 @@ def _loop_rows(rows: _Rows, scale: int, repeat: int) -> None:
            lambda make: _per_event(make, steps, repeat), _lens_baselines(),
            _hcb_lens, synchronous=True)
   # Short scans, many turns: a 5% difference is below the drift of one
-  # long run here.
+  # long run here. Also on one core, where that can be done: see
+  # `_on_one_core`.
   steps = 2000 // scale
-  rows.add_in_turns(
-      f"{steps}-step scan of a 64x64 matmul watched with sample_every=100, "
-      "scalar select (synchronous, in turns with the scan without a lens)",
-      lambda make: _lens_scan_run(make, steps, 100, 64),
-      {"no lens": _no_lens, **_lens_baselines()}, _hcb_lens,
-      turns=100 * repeat, synchronous=True)
+  confinements = [("", contextlib.nullcontext)]
+  if _can_confine():
+    confinements.append((", on one core", _on_one_core))
+  for where, confined in confinements:
+    rows.add_in_turns(
+        f"{steps}-step scan of a 64x64 matmul watched with sample_every=100, "
+        f"scalar select (synchronous{where}, in turns with the scan without "
+        "a lens)",
+        lambda make: _lens_scan_run(make, steps, 100, 64),
+        {"no lens": _no_lens, **_lens_baselines()}, _hcb_lens,
+        turns=100 * repeat, synchronous=True, confined=confined)
 
 
 def collect(quick: bool, repeat: int, only: str = "") -> List[Row]:
@@ -794,7 +836,12 @@ TOPICS: List[Tuple[str, str, str]] = [
      "`host_callback.loops.verbose` (jax-tap's interface) against jax-tap's "
      "own (no column where jax-tap was not installed): what each step's "
      "event adds to a trivial scan step, and a scan of a 64x64 matmul "
-     "sampled every 100 steps beside the same scan without a lens."),
+     "sampled every 100 steps beside the same scan without a lens, as it "
+     "runs and with every thread of the process on one core: XLA splits "
+     "the matmul between its pool's threads, and on a 2-core VM whose "
+     "cores differ in speed how that split lands moves the scan's time, "
+     "and the ratio, by more than 5% from one process to the next; on one "
+     "core the ratio repeats."),
     ("Progress bars", r".*progress bar.*",
      "`host_callback.tqdm.scan_tqdm` against jax-tqdm 0.4's (no column "
      "where jax-tqdm was not installed) and the same scan without a bar."),
