@@ -26,8 +26,8 @@ import numpy as np
 from ..host.device_numbers import device_by_number
 from ..host.host_functions import HostFunction
 from ..primitive import primitive
-from .delivery import callback_failed
 from ..receiver.native_library import new_instance
+from .delivery import callback_failed
 from .events import TapEvent, site_events
 from .primitive_taps import PrimitiveTap
 

@@ -8,6 +8,7 @@ from typing import Any, Callable, Optional
 
 from ..receiver.native_library import new_instance
 
+
 @dataclasses.dataclass(frozen=True, slots=True)
 class TapEvent:
   """One observation, delivered to `on_step` (carry and primitive taps) or

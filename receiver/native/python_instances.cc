@@ -3,7 +3,8 @@
 // __init__ nor __setattr__ runs. An immutable (frozen) slots class is made
 // so at about the cost of a tuple: its own __init__ sets each field through
 // object.__setattr__, which costs several times more. host_callback.loops
-// makes each TapEvent so (host_callback/loops/events.py:new_event).
+// makes each TapEvent so (host_callback/loops/events.py:site_events and
+// emission.py:host_side), through receiver/native_library.py.
 //
 // What a class needs is found once (its slots' descriptors and their
 // setters) and kept for the process: classes are few and live long.
