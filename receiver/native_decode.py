@@ -72,10 +72,13 @@ def _drop(device: Any, row: List[int], site: Optional[Site]) -> None:
   device.finish_one()
 
 
-def _read_only(arrays: Sequence[np.ndarray]) -> Sequence[np.ndarray]:
-  for array in arrays:
-    array.flags.writeable = False
-  return arrays
+def _as_site_gives(arrays: List[np.ndarray], site: Site) -> List[Any]:
+  """A packet's arrays as its consumer gets them: read-only for a site of
+  copy=False, Python ints where the site says so."""
+  if site.read_only:
+    for array in arrays:
+      array.flags.writeable = False
+  return [int(a) if as_int else a for a, as_int in zip(arrays, site.ints)]
 
 
 def decode(data: np.ndarray, rows: List[List[int]], device: Any
@@ -89,7 +92,8 @@ def decode(data: np.ndarray, rows: List[List[int]], device: Any
   `data`, so each of the site's arrays is one strided view whose rows are the
   packets' arrays (sub-byte arrays are unpacked into new arrays instead). A
   packet whose site is unknown or whose size is not its site's is dropped
-  (`_drop`). The arrays of a site registered with copy=False are read-only.
+  (`_drop`). The arrays of a site registered with copy=False are read-only,
+  and those its `ints` name are Python ints.
   """
   packets: List[Packet] = []
   start, count = 0, len(rows)
@@ -114,12 +118,11 @@ def decode(data: np.ndarray, rows: List[List[int]], device: Any
       memory = lent_block(block, address, site.packet_bytes) if block else data
       arrays = [c.array(memory, 0 if block else offset) for c in site.columns]
       packets.append(Packet(
-          site.consumer_id, device_id,
-          _read_only(arrays) if site.read_only else arrays,
+          site.consumer_id, device_id, _as_site_gives(arrays, site),
           NativeReply(request_id) if request_id else None))
       continue
     columns = []
-    for column in site.columns:
+    for column, as_int in zip(site.columns, site.ints):
       if column.packed_bits is not None:
         columns.append([column.array(data, row[0]) for row in run_rows])
         continue
@@ -129,7 +132,8 @@ def decode(data: np.ndarray, rows: List[List[int]], device: Any
       if site.read_only:
         view.flags.writeable = False
       # A row of a 1-d view would be a NumPy scalar: keep 0-d arrays.
-      columns.append(list(view) if column.shape
+      columns.append(view.tolist() if as_int
+                     else list(view) if column.shape
                      else [view[i, ...] for i in range(run)])
     arrays = zip(*columns) if columns else itertools.repeat((), run)
     replies = (map(NativeReply, [row[2] for row in run_rows])

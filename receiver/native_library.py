@@ -17,7 +17,7 @@ import os
 from types import ModuleType
 from typing import Any, Callable, Dict, Optional, Tuple
 
-ABI_VERSION = 17
+ABI_VERSION = 18
 
 
 def _load() -> Optional[ModuleType]:
@@ -117,6 +117,26 @@ def _fill_slots(cls: type, *values: Any) -> Any:
 # more. Pure Python where the module is not built.
 new_instance: Callable[..., Any] = (
     native.new_instance if native is not None else _fill_slots)
+
+
+def _python_feed(cls: type, head: tuple, tail: tuple, devices: dict,
+                 callback: Callable[[Any], Any],
+                 failed: Callable[[Any, Exception], Any],
+                 fallback: Callable[..., Any]) -> Callable[..., Any]:
+  """`instance_feed` where the native module is not built: `fallback`."""
+  del cls, head, tail, devices, callback, failed
+  return fallback
+
+
+# `instance_feed(cls, head, tail, devices, callback, failed, fallback)`: a
+# consumer `feed(arrays, device_id)` that calls `callback(new_instance(cls,
+# *head, step, value, *tail, devices[device_id]))` for `arrays` of a step
+# (an int >= 0) and a value, in C, and `fallback`, the same consumer in
+# Python, for any other call (`native/python_instances.cc`); an Exception
+# from `callback` goes to `failed(callback, error)`. Where the module is not
+# built, `fallback` itself.
+instance_feed: Callable[..., Callable[..., Any]] = (
+    native.instance_feed if native is not None else _python_feed)
 
 
 # Tests only: `native._testing_cuda_standin(path)` installs the CUDA

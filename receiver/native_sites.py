@@ -21,18 +21,22 @@ import numpy as np
 
 from .native_library import native
 from .native_wire import Column, align, column
+from .transport import int_flags
 
 
 @dataclasses.dataclass(frozen=True)
 class Site:
   """A callback site: its consumer, its arrays and its packets' size.
   `read_only`: its host function asked for `copy=False`; `buffers`: for
-  `buffers=True`, which on a GPU runs on the device's buffers."""
+  `buffers=True`, which on a GPU runs on the device's buffers; `ints`: for
+  each array, whether the consumer gets it as a Python int (an int32
+  scalar, `Transport.register_site`'s `int_columns`)."""
   consumer_id: int
   columns: Tuple[Column, ...]
   packet_bytes: int
   read_only: bool
   buffers: bool
+  ints: Tuple[bool, ...]
 
 
 _sites_lock = threading.Lock()  # guards the three tables below
@@ -50,17 +54,20 @@ def _key(consumer_id: int, dtypes: Sequence[np.dtype],
 
 def register_site(consumer_id: int, dtypes: Sequence[np.dtype],
                   shapes: Sequence[Tuple[int, ...]], *, name: str,
-                  copy: bool, packed_results: bool, buffers: bool) -> int:
+                  copy: bool, packed_results: bool, buffers: bool,
+                  int_columns: Sequence[int] = ()) -> int:
   """The id to put in the packets of a callback site.
 
   The site's packets carry arrays of these dtypes and shapes, for the
   consumer `consumer_id` (of the host function `name`, which asked for
   copies or not, and whose results, for a call, include dtypes packed below
   a byte when `packed_results`; `buffers`: a GPU's direct run hands it the
-  device's buffers, `native/python_runner.h`). Ids are never reused.
+  device's buffers, `native/python_runner.h`; the arrays of `int_columns`,
+  int32 scalars, come as Python ints). Ids are never reused.
   """
   assert native is not None, "the native transport is not built"
   key = _key(consumer_id, dtypes, shapes)
+  ints = int_flags(int_columns, key[1], key[2])
   with _sites_lock:
     site_id = _site_ids.get(key)
     if site_id is not None:
@@ -73,10 +80,11 @@ def register_site(consumer_id: int, dtypes: Sequence[np.dtype],
     native.register_site(
         site_id, [c.nbytes for c in columns], consumer_id, name,
         [c.dtype for c in columns], [c.shape for c in columns],
-        [c.unpacker() for c in columns], copy, packed_results, buffers)
+        [c.unpacker() for c in columns], list(ints), copy, packed_results,
+        buffers)
     _site_ids[key] = site_id
     sites[site_id] = Site(consumer_id, tuple(columns), offset, not copy,
-                          buffers)
+                          buffers, ints)
     return site_id
 
 

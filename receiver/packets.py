@@ -4,7 +4,8 @@ from __future__ import annotations
 
 import dataclasses
 import threading
-from typing import Any, Callable, List, Mapping, NoReturn, Optional, Sequence
+from typing import (Any, Callable, List, Mapping, NoReturn, Optional, Sequence,
+                    Union)
 
 import numpy as np
 
@@ -140,14 +141,17 @@ class Reply:
 
 @dataclasses.dataclass(slots=True)
 class Packet:
-  """What one device sends for one callback: a consumer id and its arrays."""
+  """What one device sends for one callback: a consumer id and its arrays
+  (an int32 scalar that its site names as a Python int, see
+  `transport.int_flags`)."""
   consumer_id: int
   device_id: int
-  arrays: Sequence[np.ndarray]
+  arrays: Sequence[Union[np.ndarray, int]]
   reply: Optional[Reply] = None
 
   @property
   def nbytes(self) -> int:
     """The bytes it counts in a Python queue's bound: its data and overhead."""
-    return PACKET_OVERHEAD_BYTES + sum(ARRAY_OVERHEAD_BYTES + a.nbytes
-                                       for a in self.arrays)
+    return PACKET_OVERHEAD_BYTES + sum(
+        ARRAY_OVERHEAD_BYTES + (4 if isinstance(a, int) else a.nbytes)
+        for a in self.arrays)

@@ -41,16 +41,33 @@ class Producer(Protocol):
   def register_site(self, consumer_id: int, dtypes: Sequence[np.dtype],
                     shapes: Sequence[Tuple[int, ...]], *, name: str = "",
                     copy: bool = True, packed_results: bool = False,
-                    buffers: bool = False) -> int:
+                    buffers: bool = False,
+                    int_columns: Sequence[int] = ()) -> int:
     """The id that a callback site's packets carry: its consumer and the
     dtypes and shapes of its arrays. `name` is the host function's, `copy`
     False gives it read-only arrays (views where the transport can),
     `packed_results`: a call's results include dtypes packed below a byte
-    (`native_wire.packed_bits`), and `buffers`: a call that takes the
-    device's buffers where the transport can (a GPU's, `device_buffers`)."""
+    (`native_wire.packed_bits`), `buffers`: a call that takes the
+    device's buffers where the transport can (a GPU's, `device_buffers`),
+    and the arrays at `int_columns`, int32 scalars, come to the consumer as
+    Python ints (`int_flags`)."""
 
   def unregister_site(self, site: int) -> None:
     """Frees a site that no executable uses any more; its id is not reused."""
+
+
+def int_flags(int_columns: Sequence[int], dtypes: Sequence[np.dtype],
+              shapes: Sequence[Tuple[int, ...]]) -> Tuple[bool, ...]:
+  """For each array of a site, whether its consumer gets it as a Python int
+  (`Producer.register_site`'s `int_columns`): a loop tap's step, which
+  costs less as an int than as an array that the consumer converts."""
+  for i in int_columns:
+    if not (0 <= i < len(dtypes) and np.dtype(dtypes[i]) == np.int32
+            and tuple(shapes[i]) == ()):
+      raise ValueError(
+          f"host_callback: int_columns names array {i}, which is not an "
+          "int32 scalar; name only int32 scalars")
+  return tuple(i in int_columns for i in range(len(dtypes)))
 
 
 class Transport(Producer, Protocol):

@@ -188,10 +188,11 @@ class NativeTransport:
   def register_site(self, consumer_id: int, dtypes: Sequence[np.dtype],
                     shapes: Sequence[Tuple[int, ...]], *, name: str = "",
                     copy: bool = True, packed_results: bool = False,
-                    buffers: bool = False) -> int:
+                    buffers: bool = False,
+                    int_columns: Sequence[int] = ()) -> int:
     return native_sites.register_site(consumer_id, dtypes, shapes, name=name,
                                      copy=copy, packed_results=packed_results,
-                                     buffers=buffers)
+                                     buffers=buffers, int_columns=int_columns)
 
   def unregister_site(self, site_id: int) -> None:
     """Frees a site's layout, here and in the module; see

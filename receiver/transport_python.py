@@ -3,7 +3,8 @@
 from __future__ import annotations
 
 import threading
-from typing import Callable, Dict, List, Optional, Sequence, Tuple
+from typing import (Any, Callable, Dict, List, NamedTuple, Optional, Sequence,
+                    Tuple)
 
 import numpy as np
 
@@ -11,18 +12,25 @@ from .consumer_threads import consumer_thread
 from .packets import (DirectRun, DirectRunError, DirectRunParts, Packet,
                       ReceiverStopped, Reply, device_error)
 from .queues import PacketQueue
-from .transport import QueueStats
+from .transport import QueueStats, int_flags
 
 
-def _owned(arrays: Sequence[np.ndarray], read_only: bool
-           ) -> List[np.ndarray]:
+class _Site(NamedTuple):
+  consumer_id: int
+  read_only: bool  # its host function asked for copy=False
+  ints: Tuple[bool, ...]  # for each array, whether it comes as an int
+
+
+def _owned(arrays: Sequence[np.ndarray], site: _Site) -> List[Any]:
   """Copies of the device's arrays, whose buffers may be reused once the
   callback returns; read-only for a host function that asked for
-  copy=False."""
-  copies = [np.array(a, copy=True) for a in arrays]
-  if read_only:
+  copy=False; Python ints where the site says so."""
+  copies = [int(a) if as_int else np.array(a, copy=True)
+            for a, as_int in zip(arrays, site.ints)]
+  if site.read_only:
     for copy in copies:
-      copy.flags.writeable = False
+      if isinstance(copy, np.ndarray):
+        copy.flags.writeable = False
   return copies
 
 
@@ -43,9 +51,8 @@ class PythonTransport:
   def __init__(self) -> None:
     self._lock = threading.Lock()
     self._queues: Dict[int, PacketQueue] = {}
-    # The consumer id of each site, and whether its arrays are read-only;
-    # None once unregistered (ids are not reused).
-    self._sites: List[Optional[Tuple[int, bool]]] = []
+    # Each site, by id; None once unregistered (ids are not reused).
+    self._sites: List[Optional[_Site]] = []
     self._listener: Optional[Callable[[int], None]] = None
     self._max_bytes = 0
     self._attached = False
@@ -61,19 +68,20 @@ class PythonTransport:
   def register_site(self, consumer_id: int, dtypes: Sequence[np.dtype],
                     shapes: Sequence[Tuple[int, ...]], *, name: str = "",
                     copy: bool = True, packed_results: bool = False,
-                    buffers: bool = False) -> int:
+                    buffers: bool = False,
+                    int_columns: Sequence[int] = ()) -> int:
     # The arrays arrive with theirs; JAX's callbacks copy a GPU's buffers.
-    del dtypes, shapes, name, packed_results, buffers
+    del name, packed_results, buffers
+    site = _Site(consumer_id, not copy, int_flags(int_columns, dtypes, shapes))
     with self._lock:
-      self._sites.append((consumer_id, not copy))
+      self._sites.append(site)
       return len(self._sites) - 1
 
   def unregister_site(self, site: int) -> None:
     with self._lock:
       self._sites[site] = None
 
-  def _site(self, site: int) -> Tuple[int, bool]:
-    """The consumer id of a site, and whether its arrays are read-only."""
+  def _site(self, site: int) -> _Site:
     entry = self._sites[site]
     assert entry is not None, "a device sent for an unregistered site"
     return entry
@@ -117,9 +125,9 @@ class PythonTransport:
     """Runs a request's host function on this thread; raises what a device
     answered by the receiver would."""
     try:
-      consumer_id, read_only = self._site(site)
+      entry = self._site(site)
       with consumer_thread():
-        result = run(consumer_id, device_id, _owned(arrays, read_only))
+        result = run(entry.consumer_id, device_id, _owned(arrays, entry))
     except DirectRunError as failure:
       # Chained as a reply's error is (device_error sets any __cause__).
       raise device_error(failure.cause, failure.context)  # pylint: disable=raise-missing-from
@@ -128,8 +136,9 @@ class PythonTransport:
   def _put(self, device_id: int, site: int, arrays: Sequence[np.ndarray],
            reply: Optional[Reply]) -> None:
     self._ensure_receiver()
-    consumer_id, read_only = self._site(site)
-    packet = Packet(consumer_id, device_id, _owned(arrays, read_only), reply)
+    entry = self._site(site)
+    packet = Packet(entry.consumer_id, device_id, _owned(arrays, entry),
+                    reply)
     self._queue(device_id).put(packet, self._ensure_receiver)
     # A receiver that detached while we put may have missed this packet.
     self._ensure_receiver()

@@ -1,10 +1,14 @@
 """`native_library.new_instance(cls, *values)`: a slots class's instance with
 its slots set in `__slots__` order and neither `__init__` nor `__setattr__`
 run, as host_callback.loops makes each TapEvent; the native module's and
-the pure-Python fallback's alike."""
+the pure-Python fallback's alike. And `instance_feed`, the native consumer
+that makes and delivers the events of a loop's usual taps, with its Python
+fallback for every other call."""
 
 import dataclasses
+import gc
 import sys
+import weakref
 from typing import Any
 
 import pytest
@@ -75,3 +79,104 @@ def test_a_class_without_slots_is_an_error(new_instance):
     pass
   with pytest.raises(AttributeError, match="__slots__"):
     new_instance(Plain, 1)
+
+
+# --- instance_feed -----------------------------------------------------------
+
+@pytest.fixture
+def feed_parts(transport):
+  """What a feed is made of, and what its callback, `failed` and fallback
+  got; under the native transport's run (the module's feed)."""
+  if transport != "native":
+    pytest.skip("the native module's instance_feed")
+  got = {"events": [], "failed": [], "fallback": []}
+
+  def fallback(*args, **kwargs):
+    got["fallback"].append((args, kwargs))
+
+  fallback.__name__ = "the fallback's name"
+  parts = dict(cls=TapEvent, head=("scan[0]",), tail=(7, "carry"),
+               devices={0: "device 0"}, callback=got["events"].append,
+               failed=lambda callback, error: got["failed"].append(
+                   (callback, error)), fallback=fallback)
+  return parts, got
+
+
+def _feed(parts):
+  return native_library.native.instance_feed(*parts.values())
+
+
+def test_a_feed_delivers_each_step_s_event_made_in_c(feed_parts):
+  parts, got = feed_parts
+  feed = _feed(parts)
+  value = object()
+  assert feed((3, value), 0) is None
+  assert feed([0, 1.5], 0) is None
+  assert got["events"] == [TapEvent("scan[0]", 3, value, 7, "carry",
+                                    "device 0"),
+                           TapEvent("scan[0]", 0, 1.5, 7, "carry",
+                                    "device 0")]
+  assert got["events"][0].value is value
+  assert got["fallback"] == got["failed"] == []
+  assert feed.__name__ == "the fallback's name"
+
+
+@pytest.mark.parametrize("args, kwargs", [
+    (((1, 2.0), 0), {"transforms": (("batch", ()),)}),
+    (((1, 2.0), 0, ()), {}),
+    (((-1, 2.0), 0), {}),
+    (((True, 2.0), 0), {}),
+    (((1.0, 2.0), 0), {}),
+    (((1, 2.0, 3.0), 0), {}),
+    ((iter([1, 2.0]), 0), {}),
+    (((1, 2.0), 5), {}),
+])
+def test_a_feed_leaves_every_other_call_to_its_fallback(feed_parts, args,
+                                                        kwargs):
+  parts, got = feed_parts
+  _feed(parts)(*args, **kwargs)
+  assert got["fallback"] == [(args, kwargs)]
+  assert got["events"] == []
+
+
+def test_a_callback_s_exception_goes_to_failed_and_others_propagate(
+    feed_parts):
+  parts, got = feed_parts
+  raised = ValueError("broken")
+
+  def callback(event):
+    raise raised if event.step == 1 else KeyboardInterrupt
+
+  parts["callback"] = callback
+  feed = _feed(parts)
+  assert feed((1, 0.0), 0) is None
+  assert got["failed"] == [(callback, raised)]
+  assert raised.__traceback__ is not None
+  with pytest.raises(KeyboardInterrupt):
+    feed((2, 0.0), 0)
+  assert len(got["failed"]) == 1
+
+
+def test_a_feed_in_a_reference_cycle_is_collected(feed_parts):
+  parts, _ = feed_parts
+
+  class Held:
+    pass
+
+  held, devices = Held(), {}
+  feed = _feed({**parts, "head": (held,), "devices": devices})
+  devices[1] = feed  # the feed holds the dict that holds it
+  alive = weakref.ref(held)
+  del feed, held, devices
+  gc.collect()
+  assert alive() is None
+
+
+def test_a_feed_checks_its_class_s_slots(feed_parts):
+  parts, _ = feed_parts
+  parts["tail"] = (7,)
+  with pytest.raises(TypeError, match="has 6 slots, 5 values given"):
+    _feed(parts)
+  parts["tail"] = [7, "carry"]
+  with pytest.raises(TypeError):
+    _feed(parts)

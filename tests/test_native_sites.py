@@ -45,13 +45,14 @@ def test_the_module_s_two_copies_say_what_native_sites_says(layout):
     sizes = [column.nbytes for column in site.columns]
     runner = native._testing_runner_site(site_id)
     assert runner is not None
-    r_dtypes, r_shapes, r_sizes, r_unpackers, r_copy, r_pack, r_buffers = (
-        runner)
+    (r_dtypes, r_shapes, r_sizes, r_unpackers, r_ints, r_copy, r_pack,
+     r_buffers) = runner
     assert r_dtypes == [column.dtype for column in site.columns]
     assert r_shapes == [column.shape for column in site.columns]
     assert r_sizes == sizes
     assert [u is not None for u in r_unpackers] == [
         column.packed_bits is not None for column in site.columns]
+    assert r_ints == list(site.ints) == [False] * len(site.columns)
     assert (r_copy, r_pack, r_buffers) == (not site.read_only, True, True)
     # The devices' copy: the sizes, and that the site takes buffers.
     assert native._testing_check_site_sizes(site_id, sizes) is site.buffers

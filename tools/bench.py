@@ -369,13 +369,6 @@ def _lens_scan_run(make: Callable, steps: int, sample_every: int,
   return _one_shot_run(make(scan, sample_every), (x, weights))
 
 
-def _lens_scan_time(make: Callable, steps: int, sample_every: int,
-                    size: int, repeat: int) -> float:
-  """Seconds for `_lens_scan_run`'s scan: the median of `repeat` runs."""
-  run = _lens_scan_run(make, steps, sample_every, size)
-  return _time(lambda: (run(),), repeat)[0]
-
-
 def _in_turns(runs: Dict[str, Callable[[], float]], turns: int
               ) -> Dict[str, float]:
   """The median of each of `runs` (each returns its seconds) over `turns`
@@ -423,10 +416,12 @@ def _on_one_core() -> Iterator[None]:
 
 def _per_event(make: Callable, steps: int, repeat: int) -> float:
   """Microseconds that each event of a lens with a scalar `select` adds to
-  a trivial scan step."""
-  with_lens = _lens_scan_time(make, steps, 1, 0, repeat)
-  return 1e6 * (with_lens - _lens_scan_time(_no_lens, steps, 1, 0,
-                                            repeat)) / steps
+  a trivial scan step: the scans with and without the lens take turns
+  (`_in_turns`), 4 * `repeat` each."""
+  times = _in_turns({"lens": _lens_scan_run(make, steps, 1, 0),
+                     "none": _lens_scan_run(_no_lens, steps, 1, 0)},
+                    4 * repeat)
+  return 1e6 * (times["lens"] - times["none"]) / steps
 
 
 # --- The table -----------------------------------------------------------------
@@ -835,7 +830,8 @@ TOPICS: List[Tuple[str, str, str]] = [
     ("Watching loops", r"(loop event|\d+-step scan of a 64x64).*",
      "`host_callback.loops.verbose` (jax-tap's interface) against jax-tap's "
      "own (no column where jax-tap was not installed): what each step's "
-     "event adds to a trivial scan step, and a scan of a 64x64 matmul "
+     "event adds to a trivial scan step (the scans with and without the "
+     "lens taking turns), and a scan of a 64x64 matmul "
      "sampled every 100 steps beside the same scan without a lens, as it "
      "runs and with every thread of the process on one core: XLA splits "
      "the matmul between its pool's threads, and on a 2-core VM whose "

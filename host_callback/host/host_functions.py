@@ -92,7 +92,10 @@ class HostFunction:
   `consumer_context`: set where `func` is a consumer already, which names
   the context of its errors itself (the eager ops' dispatcher, eager.py; a
   loop tap, loops/emission.py): it is called as `func(arrays, device_id)`,
-  with `transforms=` (as a tap function gets them) where there are any.
+  with `transforms=` (as a tap function gets them) where there are any;
+  `int_operands` (for such a consumer): the operands that it gets as Python
+  ints where they are int32 scalars (a loop tap's step; batched by `vmap`,
+  an array).
   """
   func: Callable[..., Any]
   arg_treedef: Any
@@ -108,6 +111,7 @@ class HostFunction:
   fills_out: bool = False
   with_stream: bool = False
   consumer_context: Optional[Callable[[], str]] = None
+  int_operands: Tuple[int, ...] = ()
 
   @property
   def name(self) -> str:
@@ -119,7 +123,7 @@ class HostFunction:
             self.result_treedef, self.result_avals, self.copy,
             self.partitioned, self.with_shard, self.shard_table,
             self.buffers, self.fills_out, self.with_stream,
-            self.consumer_context)
+            self.consumer_context, self.int_operands)
 
 
 def _hash_of(func: Callable[..., Any]) -> int:

@@ -116,7 +116,9 @@ def register_site(producer: Transport, function: HostFunction,
       copy=function.copy, buffers=function.buffers,
       packed_results=any(
           native_wire.packed_bits(np.dtype(a.dtype)) is not None
-          for a in function.result_avals))
+          for a in function.result_avals),
+      int_columns=[i for i in function.int_operands
+                   if np.dtype(dtypes[i]) == np.int32 and not shapes[i]])
   with _registrations_lock:
     _registrations_of(function).sites.add((producer.name, site))
   return site

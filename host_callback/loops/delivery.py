@@ -45,7 +45,7 @@ def callback_failed(callback: Observer, error: Exception) -> None:
 def guarding(callback: Observer) -> Observer:
   """`callback`, guarded: an exception warns once per callback. The guard
   names what it guards as `__wrapped__`, so that the hottest path (see
-  `emission.host_side`) may guard it inline, with `callback_failed`."""
+  `emission.host_side`) may guard it itself, with `callback_failed`."""
   def guarded_callback(event: TapEvent) -> None:
     try:
       callback(event)

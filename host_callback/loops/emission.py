@@ -2,10 +2,11 @@
 `host_callback.id_tap`, and the host function that turns it into events.
 
 A tap sends the step (for a `while_loop`, INACTIVE where the step is not
-real: under `vmap` a finished lane runs on without being active), then
-the leaves of what `select` returned, each an operand of its own: the
-native runner makes each operand's array itself, which costs less than
-slicing one packed array in Python (and a step may be any int32). With
+real: under `vmap` a finished lane runs on without being active), which
+the host function gets as a Python int (`HostFunction.int_operands`: no
+array to make and convert), then the leaves of what `select` returned,
+each an operand of its own: the native runner makes each operand's array
+itself, which costs less than slicing one packed array in Python. With
 `sample_every=k` the tap sits in a `lax.cond` on `step % k == 0`, so
 unsampled steps neither select nor send.
 """
@@ -26,7 +27,7 @@ import numpy as np
 from ..host.device_numbers import device_by_number
 from ..host.host_functions import HostFunction
 from ..primitive import primitive
-from ..receiver.native_library import new_instance
+from ..receiver.native_library import instance_feed
 from .delivery import callback_failed
 from .events import TapEvent, site_events
 from .primitive_taps import PrimitiveTap
@@ -109,7 +110,8 @@ def host_side(path: str, total: Optional[int], kind: str, treedef: Any,
   `HostFunction.consumer_context`), called as `consume(arrays, device_id)`
   for every event, with `transforms=` under `vmap`: the device comes as
   its number, with no keyword argument to build. `arrays` is `[step,
-  *leaves]`; a step of INACTIVE makes no event."""
+  *leaves]`, the step a Python int (an array where `vmap` batched it); a
+  step of INACTIVE makes no event."""
   event = site_events(path, total, kind)
   devices: Dict[int, Any] = {}  # by number
   value_of = _value_builder(treedef)
@@ -122,7 +124,7 @@ def host_side(path: str, total: Optional[int], kind: str, treedef: Any,
 
   def emit(sent: Sequence[Any], device: Any) -> None:
     """The event of what one step (or one `vmap` lane) sent."""
-    step = sent[0].tolist()
+    step = int(sent[0])
     if step != INACTIVE:
       deliver(event(step, value_of(sent[1:]), device))
 
@@ -134,39 +136,26 @@ def host_side(path: str, total: Optional[int], kind: str, treedef: Any,
     for lane in _lanes(tuple(arrays), batches):
       emit(lane, device)
 
-  if treedef == _ONE_LEAF:
-    # The usual `select`, one leaf (a scalar loss): the event made inline,
-    # as `site_events` makes it, and given to a guarded callback with the
-    # guard inline (an observer that is not one guards itself).
-    callback = getattr(deliver, "__wrapped__", deliver)
-
-    def consume(arrays: Sequence[Any], device_id: int,
-                transforms: tuple = ()) -> None:
-      if transforms:
-        lanes(arrays, device_id, transforms)
-        return
-      step = arrays[0].tolist()  # an int, for less than item()
-      if step != INACTIVE:
-        device = devices.get(device_id)
-        if device is None:
-          device = device_of(device_id)
-        try:
-          callback(new_instance(TapEvent, path, step, arrays[1], total, kind,
-                                device))
-        except Exception as error:  # noqa: BLE001
-          callback_failed(callback, error)
-  else:
-    def consume(arrays: Sequence[Any], device_id: int,
-                transforms: tuple = ()) -> None:
-      if transforms:
-        lanes(arrays, device_id, transforms)
-      else:
-        emit(arrays, device_of(device_id))
+  def consume(arrays: Sequence[Any], device_id: int,
+              transforms: tuple = ()) -> None:
+    if transforms:
+      lanes(arrays, device_id, transforms)
+    else:
+      emit(arrays, device_of(device_id))
 
   # What a printed jaxpr and an error show.
   consume.__name__ = consume.__qualname__ = (
       f"host_callback.loops tap of {path} ({kind})")
-  return consume
+  if treedef != _ONE_LEAF:
+    return consume
+  # The usual `select`, one leaf (a scalar loss): the native module makes
+  # each event as `site_events` does and gives it to the callback, guarded
+  # as `guarding` guards it (an observer that is not a guard guards
+  # itself), with no Python frame of ours; `consume` serves the rest
+  # (`vmap` lanes, a device's first event, a step of -1).
+  callback = getattr(deliver, "__wrapped__", deliver)
+  return instance_feed(TapEvent, (path,), (total, kind), devices, callback,
+                       callback_failed, consume)
 
 
 def _error_context(name: str) -> Callable[[], str]:
@@ -204,7 +193,7 @@ class Emitter:
       function = HostFunction(
           consume, jax.tree_util.tree_structure(operands), with_device=False,
           is_call=False, partitioned=self.partitioned,
-          consumer_context=_error_context(consume.__name__))
+          consumer_context=_error_context(consume.__name__), int_operands=(0,))
       primitive.bind(operands, function=function, num_args=len(operands),
                      device_index=0)
 

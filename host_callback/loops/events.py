@@ -41,7 +41,8 @@ def site_events(path: str, total: Optional[int], kind: str
   """`make(step, value, device)`: the events of a tap site whose path,
   total and kind are these, what its host function makes for every step
   (with `new_instance`, which costs less than TapEvent's own `__init__`;
-  the consumer of the usual select makes them inline, as this does)."""
+  the usual select's are made in C, by `instance_feed`, as this makes
+  them)."""
   def make(step: int, value: Any, device: Any) -> TapEvent:
     return new_instance(TapEvent, path, step, value, total, kind, device)
   return make

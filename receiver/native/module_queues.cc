@@ -58,17 +58,17 @@ PyObject* WakeConsumers(PyObject*, PyObject*) {
 
 PyObject* RegisterSiteBinding(PyObject*, PyObject* args) {
   long long site;
-  PyObject *sizes_list, *entry, *name, *dtypes, *shapes, *unpackers;
+  PyObject *sizes_list, *entry, *name, *dtypes, *shapes, *unpackers, *ints;
   int copy, pack_results, buffers;
-  if (!PyArg_ParseTuple(args, "LOOUOOOppp", &site, &sizes_list, &entry, &name,
-                        &dtypes, &shapes, &unpackers, &copy, &pack_results,
-                        &buffers)) {
+  if (!PyArg_ParseTuple(args, "LOOUOOOOppp", &site, &sizes_list, &entry,
+                        &name, &dtypes, &shapes, &unpackers, &ints, &copy,
+                        &pack_results, &buffers)) {
     return nullptr;
   }
   std::vector<int64_t> sizes;
   if (!Int64s(sizes_list, &sizes)) return nullptr;
   if (!hcb::python::RegisterSite(site, sizes, entry, name, dtypes, shapes,
-                                 unpackers, copy != 0, pack_results != 0,
+                                 unpackers, ints, copy != 0, pack_results != 0,
                                  buffers != 0)) {
     return nullptr;
   }

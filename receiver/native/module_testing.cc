@@ -123,7 +123,7 @@ PyObject* TestingConsumingOnThisThread(PyObject*, PyObject* arg) {
 }
 
 // The direct runner's copy of a site (python_sites.h): (dtypes, shapes,
-// byte sizes, unpackers, copy, pack_results, buffers), or None.
+// byte sizes, unpackers, ints, copy, pack_results, buffers), or None.
 PyObject* TestingRunnerSite(PyObject*, PyObject* arg) {
   const long long site_id = PyLong_AsLongLong(arg);
   if (PyErr_Occurred()) return nullptr;
@@ -134,12 +134,14 @@ PyObject* TestingRunnerSite(PyObject*, PyObject* arg) {
   PyObject* shapes = PyList_New(count);
   PyObject* sizes = PyList_New(count);
   PyObject* unpackers = PyList_New(count);
+  PyObject* ints = PyList_New(count);
   if (dtypes == nullptr || shapes == nullptr || sizes == nullptr ||
-      unpackers == nullptr) {
+      unpackers == nullptr || ints == nullptr) {
     Py_XDECREF(dtypes);
     Py_XDECREF(shapes);
     Py_XDECREF(sizes);
     Py_XDECREF(unpackers);
+    Py_XDECREF(ints);
     return nullptr;
   }
   for (Py_ssize_t i = 0; i < count; ++i) {
@@ -156,8 +158,9 @@ PyObject* TestingRunnerSite(PyObject*, PyObject* arg) {
     PyList_SetItem(shapes, i, shape);
     PyList_SetItem(sizes, i, PyLong_FromLongLong(column.nbytes));
     PyList_SetItem(unpackers, i, unpack);
+    PyList_SetItem(ints, i, PyBool_FromLong(column.as_int));
   }
-  return Py_BuildValue("(NNNNOOO)", dtypes, shapes, sizes, unpackers,
+  return Py_BuildValue("(NNNNNOOO)", dtypes, shapes, sizes, unpackers, ints,
                        site->copy ? Py_True : Py_False,
                        site->pack_results ? Py_True : Py_False,
                        site->buffers ? Py_True : Py_False);

@@ -6,12 +6,24 @@
 // makes each TapEvent so (host_callback/loops/events.py:site_events and
 // emission.py:host_side), through receiver/native_library.py.
 //
+// instance_feed(cls, head, tail, devices, callback, failed, fallback): a
+// consumer, `feed(arrays, device_id)`, that gives `callback` an instance of
+// `cls` for each packet of two arrays, a step (a Python int >= 0) and a
+// value, from a device whose id the dict `devices` holds: made as
+// new_instance(cls, *head, step, value, *tail, device). Every other call
+// (transforms, another step, a device not in `devices` yet, other arrays)
+// goes to `fallback`, the same consumer in Python. An Exception raised by
+// `callback` goes to `failed(callback, error)`. host_callback.loops feeds
+// the events of its one-leaf taps so (emission.py:host_side): with no
+// Python frame of the consumer's, an event costs less.
+//
 // What a class needs is found once (its slots' descriptors and their
 // setters) and kept for the process: classes are few and live long.
 // Everything here runs with the GIL, which guards the table.
 
 #include "module_support.h"
 
+#include <cstddef>
 #include <vector>
 
 #include "python_limited.h"
@@ -76,6 +88,27 @@ const SlotsClass* Find(PyTypeObject* type) {
   return &classes->back();
 }
 
+// Whether `slots` takes `count` values; else false with a TypeError.
+bool TakesValues(const SlotsClass& slots, size_t count, const char* caller) {
+  if (count == slots.setters.size()) return true;
+  PyErr_Format(PyExc_TypeError, "%s: the class has %zd slots, %zd values given",
+               caller, static_cast<Py_ssize_t>(slots.setters.size()),
+               static_cast<Py_ssize_t>(count));
+  return false;
+}
+
+// An instance of `slots`'s class with its slots set to `values`, as many as
+// it has slots.
+PyObject* Make(const SlotsClass& slots, PyObject* const* values) {
+  PyObject* instance = slots.alloc(slots.type, 0);
+  for (size_t i = 0; instance != nullptr && i < slots.setters.size(); ++i) {
+    if (slots.setters[i](slots.descriptors[i], instance, values[i]) < 0) {
+      Py_CLEAR(instance);
+    }
+  }
+  return instance;
+}
+
 PyObject* NewInstance(PyObject* /*module*/, PyObject* const* args,
                       Py_ssize_t nargs) {
   if (nargs < 1 || !PyType_Check(args[0])) {
@@ -83,21 +116,191 @@ PyObject* NewInstance(PyObject* /*module*/, PyObject* const* args,
     return nullptr;
   }
   const SlotsClass* slots = Find(reinterpret_cast<PyTypeObject*>(args[0]));
-  if (slots == nullptr) return nullptr;
-  const size_t count = slots->setters.size();
-  if (static_cast<size_t>(nargs - 1) != count) {
-    PyErr_Format(PyExc_TypeError,
-                 "new_instance: the class has %zd slots, %zd values given",
-                 static_cast<Py_ssize_t>(count), nargs - 1);
+  if (slots == nullptr ||
+      !TakesValues(*slots, static_cast<size_t>(nargs - 1), "new_instance")) {
     return nullptr;
   }
-  PyObject* instance = slots->alloc(slots->type, 0);
-  for (size_t i = 0; instance != nullptr && i < count; ++i) {
-    if (slots->setters[i](slots->descriptors[i], instance, args[i + 1]) < 0) {
-      Py_CLEAR(instance);
-    }
+  return Make(*slots, args + 1);
+}
+
+// --- instance_feed -----------------------------------------------------------
+
+struct FeedObject {
+  PyObject_HEAD
+  const SlotsClass* slots;
+  // Owned references, in this order (Fields).
+  PyObject* head;      // a tuple: the values before the step
+  PyObject* tail;      // a tuple: the values between the value and the device
+  PyObject* devices;   // a dict: device id -> device
+  PyObject* callback;
+  PyObject* failed;    // failed(callback, error)
+  PyObject* fallback;  // the same consumer, in Python
+};
+
+constexpr int kFeedFields = 6;
+
+// The owned fields as an array: six PyObject* in a row, with no padding.
+PyObject** Fields(FeedObject* feed) { return &feed->head; }
+static_assert(offsetof(FeedObject, fallback) ==
+                  offsetof(FeedObject, head) +
+                      (kFeedFields - 1) * sizeof(PyObject*),
+              "the feed's owned fields lie in a row");
+
+PyTypeObject* FeedType = nullptr;
+
+// `arrays`' step and value where it is a tuple or a list of two whose step
+// is an int >= 0; else false.
+bool StepAndValue(PyObject* arrays, PyObject** step, PyObject** value) {
+  const bool tuple = PyTuple_Check(arrays);
+  if (!tuple && !PyList_Check(arrays)) return false;
+  if ((tuple ? PyTuple_Size(arrays) : PyList_Size(arrays)) != 2) return false;
+  *step = tuple ? PyTuple_GetItem(arrays, 0) : PyList_GetItem(arrays, 0);
+  *value = tuple ? PyTuple_GetItem(arrays, 1) : PyList_GetItem(arrays, 1);
+  if (!PyLong_CheckExact(*step)) return false;
+  int overflow;
+  return PyLong_AsLongAndOverflow(*step, &overflow) >= 0 && overflow == 0;
+}
+
+// `callback(instance)`; an Exception goes to `failed(callback, error)`.
+PyObject* Deliver(FeedObject* feed, PyObject* instance) {
+  PyObject* result = CallOne(feed->callback, instance);
+  if (result != nullptr) {
+    Py_DECREF(result);
+    Py_RETURN_NONE;
   }
-  return instance;
+  if (!PyErr_ExceptionMatches(PyExc_Exception)) return nullptr;
+  PyObject *type, *error, *traceback;
+  PyErr_Fetch(&type, &error, &traceback);
+  PyErr_NormalizeException(&type, &error, &traceback);
+  if (error == nullptr) {  // no exception object could be made
+    PyErr_Restore(type, error, traceback);
+    return nullptr;
+  }
+  if (traceback != nullptr) PyException_SetTraceback(error, traceback);
+  result = PyObject_CallFunctionObjArgs(feed->failed, feed->callback, error,
+                                        nullptr);
+  Py_XDECREF(type);
+  Py_XDECREF(error);
+  Py_XDECREF(traceback);
+  if (result == nullptr) return nullptr;
+  Py_DECREF(result);
+  Py_RETURN_NONE;
+}
+
+PyObject* FeedCall(PyObject* self, PyObject* args, PyObject* kwargs) {
+  auto* feed = reinterpret_cast<FeedObject*>(self);
+  PyObject *step, *value, *device = nullptr;
+  const bool plain = (kwargs == nullptr || PyDict_Size(kwargs) == 0) &&
+                     PyTuple_Size(args) == 2 &&
+                     StepAndValue(PyTuple_GetItem(args, 0), &step, &value);
+  if (plain) {
+    device = PyDict_GetItemWithError(feed->devices, PyTuple_GetItem(args, 1));
+    if (device == nullptr && PyErr_Occurred()) return nullptr;
+  }
+  if (device == nullptr) return PyObject_Call(feed->fallback, args, kwargs);
+  const Py_ssize_t heads = PyTuple_Size(feed->head);
+  const Py_ssize_t tails = PyTuple_Size(feed->tail);
+  PyObject* values[16];  // the class's slots, checked when the feed was made
+  for (Py_ssize_t i = 0; i < heads; ++i) {
+    values[i] = PyTuple_GetItem(feed->head, i);
+  }
+  values[heads] = step;
+  values[heads + 1] = value;
+  for (Py_ssize_t i = 0; i < tails; ++i) {
+    values[heads + 2 + i] = PyTuple_GetItem(feed->tail, i);
+  }
+  values[heads + 2 + tails] = device;
+  PyObject* instance = Make(*feed->slots, values);
+  if (instance == nullptr) return nullptr;
+  PyObject* outcome = Deliver(feed, instance);
+  Py_DECREF(instance);
+  return outcome;
+}
+
+int FeedTraverse(PyObject* self, visitproc visit, void* arg) {
+  PyObject** fields = Fields(reinterpret_cast<FeedObject*>(self));
+  for (int i = 0; i < kFeedFields; ++i) Py_VISIT(fields[i]);
+  Py_VISIT(reinterpret_cast<PyObject*>(Py_TYPE(self)));
+  return 0;
+}
+
+int FeedClear(PyObject* self) {
+  PyObject** fields = Fields(reinterpret_cast<FeedObject*>(self));
+  for (int i = 0; i < kFeedFields; ++i) Py_CLEAR(fields[i]);
+  return 0;
+}
+
+void FeedDealloc(PyObject* self) {
+  PyTypeObject* type = Py_TYPE(self);
+  PyObject_GC_UnTrack(self);
+  FeedClear(self);
+  reinterpret_cast<freefunc>(PyType_GetSlot(type, Py_tp_free))(self);
+  Py_DECREF(reinterpret_cast<PyObject*>(type));
+}
+
+// The fallback's name: what a printed jaxpr and an error name the feed by.
+PyObject* FeedName(PyObject* self, void* /*closure*/) {
+  PyObject* fallback = reinterpret_cast<FeedObject*>(self)->fallback;
+  if (fallback == nullptr) return PyUnicode_FromString("instance_feed");
+  return PyObject_GetAttrString(fallback, "__name__");
+}
+
+PyGetSetDef feed_getset[] = {
+    {"__name__", FeedName, nullptr, nullptr, nullptr},
+    {nullptr, nullptr, nullptr, nullptr, nullptr},
+};
+
+PyType_Slot feed_slots[] = {
+    {Py_tp_doc, const_cast<char*>(
+        "A consumer made by instance_feed (receiver/native/"
+        "python_instances.cc).")},
+    {Py_tp_call, reinterpret_cast<void*>(FeedCall)},
+    {Py_tp_traverse, reinterpret_cast<void*>(FeedTraverse)},
+    {Py_tp_clear, reinterpret_cast<void*>(FeedClear)},
+    {Py_tp_dealloc, reinterpret_cast<void*>(FeedDealloc)},
+    {Py_tp_getset, feed_getset},
+    {0, nullptr},
+};
+
+PyType_Spec feed_spec = {
+    "host_callback.receiver._native.InstanceFeed", sizeof(FeedObject), 0,
+    Py_TPFLAGS_DEFAULT | Py_TPFLAGS_HAVE_GC, feed_slots,
+};
+
+PyObject* InstanceFeed(PyObject* /*module*/, PyObject* args) {
+  PyObject *cls, *head, *tail, *devices, *callback, *failed, *fallback;
+  if (!PyArg_ParseTuple(args, "O!O!O!O!OOO:instance_feed", &PyType_Type, &cls,
+                        &PyTuple_Type, &head, &PyTuple_Type, &tail,
+                        &PyDict_Type, &devices, &callback, &failed,
+                        &fallback)) {
+    return nullptr;
+  }
+  const SlotsClass* slots = Find(reinterpret_cast<PyTypeObject*>(cls));
+  if (slots == nullptr ||
+      !TakesValues(*slots, PyTuple_Size(head) + PyTuple_Size(tail) + 3,
+                   "instance_feed")) {
+    return nullptr;
+  }
+  if (slots->setters.size() > 16) {
+    PyErr_SetString(PyExc_TypeError, "instance_feed: at most 16 slots");
+    return nullptr;
+  }
+  if (FeedType == nullptr) {
+    FeedType = reinterpret_cast<PyTypeObject*>(PyType_FromSpec(&feed_spec));
+    if (FeedType == nullptr) return nullptr;
+  }
+  auto* feed =
+      reinterpret_cast<FeedObject*>(PyType_GenericAlloc(FeedType, 0));
+  if (feed == nullptr) return nullptr;
+  feed->slots = slots;
+  PyObject* given[kFeedFields] = {head, tail, devices, callback, failed,
+                                  fallback};
+  PyObject** fields = Fields(feed);
+  for (int i = 0; i < kFeedFields; ++i) {
+    Py_INCREF(given[i]);
+    fields[i] = given[i];
+  }
+  return reinterpret_cast<PyObject*>(feed);
 }
 
 }  // namespace
@@ -106,6 +309,7 @@ PyMethodDef kInstanceMethods[] = {
     {"new_instance", reinterpret_cast<PyCFunction>(
                          reinterpret_cast<void (*)()>(NewInstance)),
      METH_FASTCALL, nullptr},
+    {"instance_feed", InstanceFeed, METH_VARARGS, nullptr},
     {nullptr, nullptr, 0, nullptr},
 };
 

@@ -144,8 +144,9 @@ PyObject* CopiedArray(const Column& column, const void* data) {
   return array;
 }
 
-// The host function's arguments as a tuple; `views` gets a reference to
-// each view of a device buffer (copy=False), to check after the run.
+// The host function's arguments as a tuple (an `as_int` column's as a
+// Python int); `views` gets a reference to each view of a device buffer
+// (copy=False), to check after the run.
 PyObject* Arguments(const Site& site, const DirectRequest& request,
                     std::vector<PyObject*>* views) {
   const size_t count = site.columns.size();
@@ -175,7 +176,12 @@ PyObject* Arguments(const Site& site, const DirectRequest& request,
     const Column& column = site.columns[i];
     void* data = request.args[i].data;
     PyObject* array;
-    if (column.unpack != nullptr || (site.copy && memory == nullptr)) {
+    if (column.as_int) {
+      int32_t value;
+      std::memcpy(&value, data, sizeof value);
+      array = PyLong_FromLong(value);
+    } else if (column.unpack != nullptr ||
+               (site.copy && memory == nullptr)) {
       array = CopiedArray(column, data);
     } else if (memory != nullptr) {
       if (column.nbytes > 0) std::memcpy(into, data, column.nbytes);

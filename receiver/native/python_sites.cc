@@ -22,8 +22,8 @@ std::unordered_map<int64_t, std::shared_ptr<Site>>* sites =
 
 bool RegisterSite(int64_t site_id, const std::vector<int64_t>& sizes,
                   PyObject* entry, PyObject* name, PyObject* dtypes,
-                  PyObject* shapes, PyObject* unpackers, bool copy,
-                  bool pack_results, bool buffers) {
+                  PyObject* shapes, PyObject* unpackers, PyObject* ints,
+                  bool copy, bool pack_results, bool buffers) {
   auto site = std::make_shared<Site>();
   Py_INCREF(entry);
   site->entry = entry;
@@ -34,10 +34,10 @@ bool RegisterSite(int64_t site_id, const std::vector<int64_t>& sizes,
   site->buffers = buffers;
   const Py_ssize_t count = PySequence_Size(dtypes);
   if (count < 0 || PySequence_Size(shapes) != count ||
-      PySequence_Size(unpackers) != count ||
+      PySequence_Size(unpackers) != count || PySequence_Size(ints) != count ||
       static_cast<size_t>(count) != sizes.size()) {
     PyErr_SetString(PyExc_ValueError,
-                    "register_site: sizes, dtypes, shapes and unpackers "
+                    "register_site: sizes, dtypes, shapes, unpackers and ints "
                     "differ in length");
     return false;
   }
@@ -47,11 +47,24 @@ bool RegisterSite(int64_t site_id, const std::vector<int64_t>& sizes,
     PyObject* dtype = PySequence_GetItem(dtypes, i);
     PyObject* shape = PySequence_GetItem(shapes, i);
     PyObject* unpack = PySequence_GetItem(unpackers, i);
+    PyObject* as_int = PySequence_GetItem(ints, i);
     bool ok = dtype != nullptr && shape != nullptr && unpack != nullptr &&
+              as_int != nullptr &&
               PyArray_DescrConverter(dtype, &column.descr) == NPY_SUCCEED;
     column.nbytes = sizes[static_cast<size_t>(i)];
     const Py_ssize_t ndim = ok ? PySequence_Size(shape) : -1;
     ok = ok && ndim >= 0;
+    if (ok && PyObject_IsTrue(as_int) == 1) {
+      column.as_int = true;  // only an int32 scalar
+      PyArray_Descr* int32 = PyArray_DescrFromType(NPY_INT32);
+      ok = ndim == 0 && column.nbytes == sizeof(int32_t) &&
+           PyArray_EquivTypes(column.descr, int32);
+      Py_DECREF(reinterpret_cast<PyObject*>(int32));
+      if (!ok) {
+        PyErr_SetString(PyExc_ValueError,
+                        "register_site: only an int32 scalar comes as an int");
+      }
+    }
     for (Py_ssize_t d = 0; ok && d < ndim; ++d) {
       PyObject* extent = PySequence_GetItem(shape, d);
       const long long value =
@@ -67,6 +80,7 @@ bool RegisterSite(int64_t site_id, const std::vector<int64_t>& sizes,
     Py_XDECREF(dtype);
     Py_XDECREF(shape);
     Py_XDECREF(unpack);
+    Py_XDECREF(as_int);
     if (!ok) {
       if (!PyErr_Occurred()) {
         PyErr_SetString(PyExc_ValueError, "register_site: a bad shape");

@@ -36,6 +36,7 @@ struct Column {
   std::vector<npy_intp> dims;
   int64_t nbytes = 0;              // as the device stores it (packed)
   PyObject* unpack = nullptr;      // owned reference, for a sub-byte dtype
+  bool as_int = false;             // an int32 scalar, given as a Python int
 };
 
 struct Site {
@@ -62,14 +63,16 @@ struct Site {
 // Records how to build the arguments of `site`'s packets: for each array
 // its size in bytes as the device stores it, a NumPy dtype, a shape and,
 // for a packed sub-byte dtype, a function that unpacks a uint8 array of its
-// bytes. `copy` false: views of the device's buffers, valid until the host
+// bytes; `ints` (a bool per array) marks the int32 scalars that the host
+// function gets as Python ints (a loop tap's step). `copy` false: views of the device's buffers, valid until the host
 // function returns. `pack_results`: the results go through the runner's
 // `wire`. `buffers`: a GPU's direct run hands the host function its
 // device buffers (python_runner.h). Needs the GIL; false with a Python
 // exception set on a bad argument.
 bool RegisterSite(int64_t site, const std::vector<int64_t>& sizes,
                   PyObject* entry, PyObject* name, PyObject* dtypes,
-                  PyObject* shapes, PyObject* unpackers, bool copy,
+                  PyObject* shapes, PyObject* unpackers, PyObject* ints,
+                  bool copy,
                   bool pack_results, bool buffers);
 // Needs the GIL.
 void UnregisterSite(int64_t site);
