@@ -180,3 +180,21 @@ def test_a_feed_checks_its_class_s_slots(feed_parts):
   parts["tail"] = [7, "carry"]
   with pytest.raises(TypeError):
     _feed(parts)
+
+
+def test_a_feed_outlives_the_classes_made_after_it(feed_parts):
+  parts, got = feed_parts
+  feed = _feed(parts)
+  for i in range(64):  # each class found once, kept in the module's table
+    cls = dataclasses.make_dataclass(f"Later{i}", ["a"], frozen=True,
+                                     slots=True)
+    assert native_library.native.new_instance(cls, i).a == i
+  feed((5, 1.0), 0)
+  assert got["events"] == [TapEvent("scan[0]", 5, 1.0, 7, "carry",
+                                    "device 0")]
+
+
+def test_a_feed_is_made_only_by_instance_feed(feed_parts):
+  parts, _ = feed_parts
+  with pytest.raises(TypeError):
+    type(_feed(parts))()

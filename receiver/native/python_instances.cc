@@ -24,6 +24,7 @@
 #include "module_support.h"
 
 #include <cstddef>
+#include <deque>
 #include <vector>
 
 #include "python_limited.h"
@@ -40,7 +41,9 @@ struct SlotsClass {
   std::vector<descrsetfunc> setters;
 };
 
-std::vector<SlotsClass>* classes = new std::vector<SlotsClass>();
+// A deque: a feed keeps a pointer to its class's entry, which adding
+// another class must not move.
+std::deque<SlotsClass>* classes = new std::deque<SlotsClass>();
 
 // What `type` needs, found once; null with an exception set where `type`
 // is not a class with __slots__ whose every name is a settable descriptor.
@@ -210,7 +213,15 @@ PyObject* FeedCall(PyObject* self, PyObject* args, PyObject* kwargs) {
     values[heads + 2 + i] = PyTuple_GetItem(feed->tail, i);
   }
   values[heads + 2 + tails] = device;
+  // Held while the instance is made: its allocation may collect, and a
+  // finalizer may change `devices` or `arrays`.
+  Py_INCREF(step);
+  Py_INCREF(value);
+  Py_INCREF(device);
   PyObject* instance = Make(*feed->slots, values);
+  Py_DECREF(step);
+  Py_DECREF(value);
+  Py_DECREF(device);
   if (instance == nullptr) return nullptr;
   PyObject* outcome = Deliver(feed, instance);
   Py_DECREF(instance);
@@ -264,7 +275,9 @@ PyType_Slot feed_slots[] = {
 
 PyType_Spec feed_spec = {
     "host_callback.receiver._native.InstanceFeed", sizeof(FeedObject), 0,
-    Py_TPFLAGS_DEFAULT | Py_TPFLAGS_HAVE_GC, feed_slots,
+    Py_TPFLAGS_DEFAULT | Py_TPFLAGS_HAVE_GC |
+        Py_TPFLAGS_DISALLOW_INSTANTIATION,
+    feed_slots,
 };
 
 PyObject* InstanceFeed(PyObject* /*module*/, PyObject* args) {

@@ -54,7 +54,9 @@ bool RegisterSite(int64_t site_id, const std::vector<int64_t>& sizes,
     column.nbytes = sizes[static_cast<size_t>(i)];
     const Py_ssize_t ndim = ok ? PySequence_Size(shape) : -1;
     ok = ok && ndim >= 0;
-    if (ok && PyObject_IsTrue(as_int) == 1) {
+    const int is_int = ok ? PyObject_IsTrue(as_int) : 0;
+    ok = ok && is_int >= 0;
+    if (ok && is_int == 1) {
       column.as_int = true;  // only an int32 scalar
       PyArray_Descr* int32 = PyArray_DescrFromType(NPY_INT32);
       ok = ndim == 0 && column.nbytes == sizeof(int32_t) &&
