@@ -78,6 +78,8 @@ def _as_site_gives(arrays: List[np.ndarray], site: Site) -> List[Any]:
   if site.read_only:
     for array in arrays:
       array.flags.writeable = False
+  if True not in site.ints:
+    return arrays
   return [int(a) if as_int else a for a, as_int in zip(arrays, site.ints)]
 
 

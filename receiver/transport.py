@@ -56,14 +56,18 @@ class Producer(Protocol):
     """Frees a site that no executable uses any more; its id is not reused."""
 
 
+def int32_scalar(dtype: np.dtype, shape: Tuple[int, ...]) -> bool:
+  """Whether an array of `dtype` and `shape` may come as a Python int."""
+  return np.dtype(dtype) == np.int32 and tuple(shape) == ()
+
+
 def int_flags(int_columns: Sequence[int], dtypes: Sequence[np.dtype],
               shapes: Sequence[Tuple[int, ...]]) -> Tuple[bool, ...]:
   """For each array of a site, whether its consumer gets it as a Python int
   (`Producer.register_site`'s `int_columns`): a loop tap's step, which
   costs less as an int than as an array that the consumer converts."""
   for i in int_columns:
-    if not (0 <= i < len(dtypes) and np.dtype(dtypes[i]) == np.int32
-            and tuple(shapes[i]) == ()):
+    if not (0 <= i < len(dtypes) and int32_scalar(dtypes[i], shapes[i])):
       raise ValueError(
           f"host_callback: int_columns names array {i}, which is not an "
           "int32 scalar; name only int32 scalars")

@@ -23,6 +23,7 @@ from .host_functions import HostFunction, Transforms, make_consumer
 from ..receiver import Consumer, PythonTransport, QueueStats, Runtime, Transport
 from ..receiver import native_wire, transport_native
 from ..receiver.interrupts import program_ended_by_ctrl_c
+from ..receiver.transport import int32_scalar
 
 T = TypeVar("T")
 
@@ -118,7 +119,7 @@ def register_site(producer: Transport, function: HostFunction,
           native_wire.packed_bits(np.dtype(a.dtype)) is not None
           for a in function.result_avals),
       int_columns=[i for i in function.int_operands
-                   if np.dtype(dtypes[i]) == np.int32 and not shapes[i]])
+                   if int32_scalar(dtypes[i], shapes[i])])
   with _registrations_lock:
     _registrations_of(function).sites.add((producer.name, site))
   return site

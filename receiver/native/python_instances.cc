@@ -172,19 +172,11 @@ PyObject* Deliver(FeedObject* feed, PyObject* instance) {
     Py_RETURN_NONE;
   }
   if (!PyErr_ExceptionMatches(PyExc_Exception)) return nullptr;
-  PyObject *type, *error, *traceback;
-  PyErr_Fetch(&type, &error, &traceback);
-  PyErr_NormalizeException(&type, &error, &traceback);
-  if (error == nullptr) {  // no exception object could be made
-    PyErr_Restore(type, error, traceback);
-    return nullptr;
-  }
-  if (traceback != nullptr) PyException_SetTraceback(error, traceback);
+  PyObject* error = TakeRaised();
+  if (error == nullptr) return nullptr;
   result = PyObject_CallFunctionObjArgs(feed->failed, feed->callback, error,
                                         nullptr);
-  Py_XDECREF(type);
-  Py_XDECREF(error);
-  Py_XDECREF(traceback);
+  Py_DECREF(error);
   if (result == nullptr) return nullptr;
   Py_DECREF(result);
   Py_RETURN_NONE;

@@ -33,6 +33,23 @@ inline PyObject* CallOne(PyObject* callable, PyObject* arg) {
   return PyObject_CallFunctionObjArgs(callable, arg, nullptr);
 }
 
+// PyErr_GetRaisedException (3.12): takes the pending exception, normalized,
+// with its traceback set on it; a new reference. Null where no exception
+// object could be made, which leaves the exception pending.
+inline PyObject* TakeRaised() {
+  PyObject *type, *value, *traceback;
+  PyErr_Fetch(&type, &value, &traceback);
+  PyErr_NormalizeException(&type, &value, &traceback);
+  if (value == nullptr) {
+    PyErr_Restore(type, value, traceback);
+    return nullptr;
+  }
+  if (traceback != nullptr) PyException_SetTraceback(value, traceback);
+  Py_XDECREF(type);
+  Py_XDECREF(traceback);
+  return value;
+}
+
 // PyUnicode_AsUTF8: the string's UTF-8, or null with an exception set.
 inline const char* Utf8(PyObject* str) {
   return PyUnicode_AsUTF8AndSize(str, nullptr);

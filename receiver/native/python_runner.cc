@@ -92,14 +92,11 @@ bool IsInterrupt(PyObject* value) {
 // Takes the pending Python exception: its description, and whether it is an
 // interrupt.
 DirectOutcome TakeException(std::string* error) {
-  PyObject *type, *value, *traceback;
-  PyErr_Fetch(&type, &value, &traceback);
-  PyErr_NormalizeException(&type, &value, &traceback);
+  PyObject* value = TakeRaised();
+  if (value == nullptr) PyErr_Clear();
   *error = Describe(value);
   const bool interrupt = IsInterrupt(value);
-  Py_XDECREF(type);
   Py_XDECREF(value);
-  Py_XDECREF(traceback);
   return interrupt ? DirectOutcome::kInterrupted : DirectOutcome::kFailed;
 }
 
@@ -504,11 +501,8 @@ PyObject* CallConsumer(const Site& site, const DirectRequest& request,
   ++runs.ran;
   Py_DECREF(consumer);
   Py_DECREF(device_id);
-  if (results == nullptr) {
-    PyObject *type, *value, *traceback;
-    PyErr_Fetch(&type, &value, &traceback);
-    PyErr_NormalizeException(&type, &value, &traceback);
-    if (traceback != nullptr) PyException_SetTraceback(value, traceback);
+  PyObject* value = results == nullptr ? TakeRaised() : nullptr;
+  if (value != nullptr) {
     PyObject* none = PyObject_CallFunctionObjArgs(on_failure, site.entry,
                                                   value, nullptr);  // raises
     if (none != nullptr) {
@@ -516,9 +510,7 @@ PyObject* CallConsumer(const Site& site, const DirectRequest& request,
       PyErr_SetString(PyExc_RuntimeError,
                       "host_callback: a host function failed");
     }
-    Py_XDECREF(type);
-    Py_XDECREF(value);
-    Py_XDECREF(traceback);
+    Py_DECREF(value);
   }
   Py_DECREF(on_failure);
   return results;

@@ -64,16 +64,16 @@ struct Site {
 // its size in bytes as the device stores it, a NumPy dtype, a shape and,
 // for a packed sub-byte dtype, a function that unpacks a uint8 array of its
 // bytes; `ints` (a bool per array) marks the int32 scalars that the host
-// function gets as Python ints (a loop tap's step). `copy` false: views of the device's buffers, valid until the host
-// function returns. `pack_results`: the results go through the runner's
-// `wire`. `buffers`: a GPU's direct run hands the host function its
-// device buffers (python_runner.h). Needs the GIL; false with a Python
-// exception set on a bad argument.
+// function gets as Python ints (a loop tap's step). `copy` false: views of
+// the device's buffers, valid until the host function returns.
+// `pack_results`: the results go through the runner's `wire`. `buffers`: a
+// GPU's direct run hands the host function its device buffers
+// (python_runner.h). Needs the GIL; false with a Python exception set on a
+// bad argument.
 bool RegisterSite(int64_t site, const std::vector<int64_t>& sizes,
                   PyObject* entry, PyObject* name, PyObject* dtypes,
                   PyObject* shapes, PyObject* unpackers, PyObject* ints,
-                  bool copy,
-                  bool pack_results, bool buffers);
+                  bool copy, bool pack_results, bool buffers);
 // Needs the GIL.
 void UnregisterSite(int64_t site);
 // The site, or null when it is not registered. Needs the GIL.
