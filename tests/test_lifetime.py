@@ -17,6 +17,8 @@ import jax.numpy as jnp
 import numpy as np
 import pytest
 
+from jax._src import dispatch
+
 import host_callback as hcb
 from helpers import Recorder, needs_cpu_default_backend, wait_until
 
@@ -194,12 +196,57 @@ def test_closure_is_freed_with_its_jitted_function(both_modes, op):
     # On CPU the computation ran to completion at its dispatch. Elsewhere
     # the client holds the executable's host callbacks (one of which holds
     # the host function) until the execution's status is ready, and lets
-    # go of them on its own thread, maybe after the last tap has run.
+    # go of them on its own thread, maybe after the last tap has run; the
+    # barrier lets JAX drop the execution's runtime token (tested below).
     if (not wait_until(lambda: _collected(ref), timeout=10) and
         not _debug_callback_closure_freed()):
       pytest.skip(f"on {jax.default_backend()}, JAX keeps a jitted "
                   "function's jax.debug.callback closure too")
   assert ref() is None
+
+
+@pytest.fixture
+def runtime_tokens():
+  """This thread's JAX runtime tokens by device, empty before and after."""
+  tokens = dispatch.runtime_tokens.output_runtime_tokens
+  tokens.clear()
+  yield tokens
+  tokens.clear()
+
+
+@pytest.mark.parametrize("op", ["jit_tap", "jit_call"])
+def test_barrier_lets_jax_drop_the_runtime_tokens_of_finished_runs(
+    both_modes, op, runtime_tokens):
+  """JAX keeps, per device, the runtime token of the last computation with
+  host callbacks that took its Python dispatch (a jitted function's first
+  call does); on a GPU it may keep the computation's host functions alive.
+  The barrier drops the tokens of the devices it waited for, as
+  jax.effects_barrier() drops all."""
+  _closure_over_payload(op)
+  device = jax.devices()[0]
+  assert device in runtime_tokens
+  hcb.barrier_wait()
+  assert device not in runtime_tokens
+
+
+class _FailedRun:
+  """Stands for the runtime token of a computation that failed: JAX raises
+  its error again at jax.effects_barrier()."""
+
+  def block_until_ready(self) -> None:
+    raise RuntimeError("a computation failed")
+
+
+def test_barrier_keeps_the_tokens_of_failed_runs(both_modes, runtime_tokens):
+  """Only JAX raises a foreign failure again: its token stays."""
+  finished, failing = jax.devices()[:2]
+  for device in (finished, failing):
+    jax.block_until_ready(jax.jit(lambda v: hcb.id_tap(Recorder(), v))(
+        jax.device_put(jnp.arange(3.), device)))
+  failed = runtime_tokens[failing] = _FailedRun()
+  assert finished in runtime_tokens
+  hcb.barrier_wait()
+  assert runtime_tokens == {failing: failed}
 
 
 def _debug_callback_closure_freed() -> bool:

@@ -22,7 +22,10 @@ before the call does ("tap before"; the call waits for that tap). "ok"
 means the computation finished; "HUNG" that it outlived the wait, with
 every thread's stack. The "own" case also runs with `pure_callback` and
 `io_callback` (unordered and ordered): on an H200 (jax 0.11.2) it hung on
-both our transports and not with `pure_callback` (docs/gpu.md).
+both our transports and not with JAX's callbacks (docs/gpu.md); and with
+`pure_callback` and ordered `io_callback` after our taps and calls ran on
+both transports ("own_after_ours"), which tells whether our runtime's
+presence alone makes JAX's callbacks hang too.
 """
 
 from __future__ import annotations
@@ -41,9 +44,14 @@ WORK = ("compile_run", "run", "compile", "put", "cpu")
 # The cases where the host functions compile themselves: (call, where).
 # JAX's io_callback, ordered and not, tells whether a hang is ours or any
 # ordered callback's.
+# JAX's own callbacks run once more after our taps and calls ran on both
+# transports ("own_after_ours"): whether our runtime's presence (its
+# threads, its CUDA state) is what hangs, or our programs and host path.
 OWN = tuple(itertools.product(
     CALLS + ("io_callback", "io_callback_ordered"), ("own",))) + (
-        ("native", "tap_before"), ("python", "tap_before"))
+        ("native", "tap_before"), ("python", "tap_before"),
+        ("pure_callback", "own_after_ours"),
+        ("io_callback_ordered", "own_after_ours"))
 WAIT_SECONDS = 20
 AT_A_TIME = 4
 # What a batch of cases may take beyond `--wait`: starting JAX in each of
@@ -70,6 +78,13 @@ def own_case(call: str, where: str) -> str:
     return float(fresh(jnp.asarray(a)))
 
   host = lambda a: np.asarray(a) + 0 * compile_and_run(a)  # noqa: E731
+  if where == "own_after_ours":
+    for transport in ("python", "native"):
+      jax.config.update("jax_host_callback_transport", transport)
+      jax.block_until_ready(jax.jit(lambda v: hcb.call(
+          lambda a: a, hcb.id_tap(lambda *_: None, v), result_shape=v))(
+              jnp.arange(4.0)))
+      hcb.barrier_wait()
   if call == "pure_callback":
     f = jax.jit(lambda v: jax.pure_callback(
         host, jax.ShapeDtypeStruct(v.shape, v.dtype), v))
@@ -88,8 +103,10 @@ def own_case(call: str, where: str) -> str:
   start = time.perf_counter()
   np.asarray(f(jnp.arange(4.0)))
   hcb.barrier_wait()
-  return (f"{jax.default_backend()}: a {call} call whose "
-          f"{'own host function' if where == 'own' else 'preceding tap'} "
+  whose = {"own": "own host function",
+           "own_after_ours": "own host function (after ours ran)",
+           "tap_before": "preceding tap"}[where]
+  return (f"{jax.default_backend()}: a {call} call whose {whose} "
           f"compiles: ok ({time.perf_counter() - start:.2f} s)")
 
 

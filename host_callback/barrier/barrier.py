@@ -343,6 +343,18 @@ def _wait_for_devices() -> None:
   host_side.wait_released()
 
 
+def _release_runtime_tokens() -> None:
+  """Lets JAX drop what it keeps of this thread's finished computations on
+  the devices just waited for: their runtime tokens, which on a GPU may keep
+  a dropped jitted function's host functions alive (as
+  `jax.effects_barrier()` does for JAX's own callbacks)."""
+  adapter.release_finished_runtime_tokens(_waited_for)
+
+
+def _waited_for(device: Any) -> bool:
+  return device_number(device) in host_side.runtime.open_device_ids()
+
+
 def _check_not_in_consumer(api: str) -> None:
   if in_consumer_thread():
     raise RuntimeError(
@@ -356,6 +368,7 @@ def barrier_wait(logging_name: Optional[str] = None) -> None:
   host_side.runtime.check_usable()
   logger.debug("barrier_wait[%s]: start", logging_name)
   _wait_for_devices()
+  _release_runtime_tokens()
   host_side.runtime.release_retired()
   _waited()
   logger.debug("barrier_wait[%s]: done", logging_name)
@@ -367,6 +380,7 @@ def stop_outfeed_receiver() -> None:
   _check_not_in_consumer("stop_outfeed_receiver")
   host_side.runtime.check_usable()
   _wait_for_devices()
+  _release_runtime_tokens()
   _waited()
   host_side.runtime.stop()
 
