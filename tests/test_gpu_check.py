@@ -14,8 +14,8 @@ import time
 
 import pytest
 
-from tools import (gpu_check, gpu_hardware, gpu_plan, gpu_suite, gpu_targets,
-                   gpu_timings)
+from tools import (gpu_check, gpu_compile_during_call, gpu_hardware, gpu_plan,
+                   gpu_suite, gpu_targets, gpu_timings, native_stacks)
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 CPU_ONLY = dict(os.environ, JAX_PLATFORMS="cpu")
@@ -243,6 +243,60 @@ def test_a_timing_case_runs_in_its_own_process_and_is_read_back():
   assert gpu_check._record_timings(findings, outcome), outcome.stderr
   (name, value, unit), = findings.rows
   assert (name, unit) == ("scan step, no tap", "µs") and value > 0
+
+
+_HANGS = ("import faulthandler, time; faulthandler.dump_traceback_later(1); "
+          "time.sleep(60)")
+
+
+def test_compile_cases_report_a_hang_with_its_stacks_and_end_it(
+    tmp_path, capsys):
+  """A case that outlives its wait (its faulthandler dump came) has its
+  native stacks taken and is ended at once; the others' lines are theirs."""
+  started = time.monotonic()
+  gpu_compile_during_call.run_batch(
+      {"hangs_here": [sys.executable, "-c", _HANGS],
+       "ends_well": [sys.executable, "-c", "print('ends: ok')"],
+       "breaks": [sys.executable, "-c", "raise SystemExit('broken')"]},
+      60, dict(os.environ), str(tmp_path))
+  assert time.monotonic() - started < 30
+  out = capsys.readouterr().out
+  assert out.startswith("hangs here: HUNG; its threads' native stacks:\n")
+  assert "\nand their Python stacks:\nTimeout (0:00:01)!\n" in out
+  assert out.endswith("ends: ok\nbreaks: the case failed (exit 1): broken\n")
+  if native_stacks.debugger() is None:
+    assert "no native stacks: none of gdb, cuda-gdb is installed" in out
+  else:
+    assert "\n1 thread (the first) [" in out
+    assert "Thread 1 " in (tmp_path / "hangs_here.txt").read_text()
+
+
+_GDB_OUTPUT = """\
+[New LWP 11]
+Thread 3 (Thread 0x7f03 (LWP 12) "xla-worker"):
+#0  0x00007f01 in futex_wait () from /lib/libc.so.6
+#1  0x00007f02 in absl::Mutex::Lock () from libjax.so
+#2  0x00007f03 in PyEval_EvalCode ()
+
+Thread 2 (Thread 0x7f02 (LWP 11) "xla-worker"):
+#0  0x00007f01 in futex_wait () from /lib/libc.so.6
+#1  0x00007f02 in absl::Mutex::Lock () from libjax.so
+
+Thread 1 (Thread 0x7f01 (LWP 10) "python3"):
+#0  cuModuleLoadData (image=0x1) at module.c:3
+#1  0x00007f05 in xla::gpu::GpuExecutable::Load () from libjax.so
+#2  0x00007f06 in _PyEval_EvalFrameDefault ()
+#3  0x00007f07 in xla::NotShown ()
+"""
+
+
+def test_native_stacks_group_threads_by_their_frames_above_python():
+  assert native_stacks.summary(_GDB_OUTPUT) == (
+      "1 thread (the first) [python3]: cuModuleLoadData < "
+      "xla::gpu::GpuExecutable::Load\n"
+      "2 threads [xla-worker]: futex_wait < absl::Mutex::Lock")
+  assert native_stacks.summary("no native stacks: why\n") == (
+      "no native stacks: why")
 
 
 def _gone(pid: int) -> bool:

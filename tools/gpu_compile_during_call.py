@@ -20,7 +20,8 @@ Two more cases per transport ask what a user meets: the call's host
 function compiles and runs a new function itself ("own"), and a tap just
 before the call does ("tap before"; the call waits for that tap). "ok"
 means the computation finished; "HUNG" that it outlived the wait, with
-every thread's stack. The "own" case also runs with `pure_callback` and
+every thread's native stack (gdb or cuda-gdb, `tools/native_stacks.py`,
+grouped; `--stacks FOLDER` keeps each whole) and Python stack. The "own" case also runs with `pure_callback` and
 `io_callback` (unordered and ordered): on an H200 (jax 0.11.2) it hung on
 both our transports and not with JAX's callbacks (docs/gpu.md); and with
 `pure_callback` and ordered `io_callback` after our taps and calls ran on
@@ -36,8 +37,12 @@ import itertools
 import os
 import subprocess
 import sys
+import tempfile
 import threading
 import time
+from typing import Dict, List, Optional, Sequence
+
+from tools import native_stacks
 
 CALLS = ("native", "python", "pure_callback")
 WORK = ("compile_run", "run", "compile", "put", "cpu")
@@ -69,9 +74,10 @@ def own_case(call: str, where: str) -> str:
   import host_callback as hcb  # pylint: disable=import-outside-toplevel
   from jax.experimental import io_callback  # pylint: disable=import-outside-toplevel
 
-  # Where a case hangs, every thread's Python stack goes to stderr, which
-  # main() prints.
-  faulthandler.dump_traceback_later(WAIT_SECONDS, exit=True)
+  # Where a case hangs, every thread's Python stack goes to stderr, and
+  # the case runs on: main() takes its native stacks, prints both, and
+  # ends it.
+  faulthandler.dump_traceback_later(WAIT_SECONDS)
 
   def compile_and_run(a):
     fresh = jax.jit(lambda v: jnp.sum(v) * 2 + 1)  # never compiled before
@@ -156,6 +162,80 @@ def one_case(call: str, work: str) -> str:
           f"({time.perf_counter() - start:.2f} s)")
 
 
+class _Case:
+  """One case's process, its output in files (read while it runs), and,
+  once it hung, its native stacks."""
+
+  def __init__(self, name: str, command: Sequence[str],
+               env: Dict[str, str], folder: str) -> None:
+    self.name = name
+    self.out = open(os.path.join(folder, name + ".out"), "w+")
+    self.err = open(os.path.join(folder, name + ".err"), "w+")
+    self.process = subprocess.Popen(list(command), env=env, stdout=self.out,
+                                    stderr=self.err, text=True)
+    self.stacks: Optional[str] = None
+
+  def hung(self) -> bool:
+    """Whether faulthandler wrote its dump of a case that outlived the
+    wait (the case keeps running, for its native stacks)."""
+    self.err.seek(0)
+    return "Timeout (" in self.err.read()
+
+  def dump_and_kill(self) -> None:
+    self.stacks = native_stacks.dump(self.process.pid)
+    self.process.kill()
+    self.process.wait()
+
+  def report(self, stacks_folder: Optional[str]) -> str:
+    self.out.seek(0)
+    self.err.seek(0)
+    out, err = self.out.read().strip(), self.err.read().strip()
+    name = self.name.replace("_", " ")
+    if out:
+      return out
+    if self.stacks is None:
+      tail = " | ".join(err.splitlines()[-2:])
+      return (f"{name}: the case failed (exit {self.process.returncode}): "
+              f"{tail}")
+    if stacks_folder:
+      with open(os.path.join(stacks_folder, self.name + ".txt"),
+                "w") as whole:
+        whole.write(self.stacks)
+    return (f"{name}: HUNG; its threads' native stacks:\n"
+            f"{native_stacks.summary(self.stacks)}\n"
+            f"and their Python stacks:\n{err}")
+
+
+def run_batch(commands: Dict[str, Sequence[str]], seconds: float,
+              env: Dict[str, str], stacks_folder: Optional[str]) -> None:
+  """Runs `commands` (by case name) at once for at most `seconds` in all,
+  then prints each case's line: its output, or for a case that hung (its
+  faulthandler's dump came), its native stacks, taken in parallel before
+  it is killed, and its Python stacks."""
+  with tempfile.TemporaryDirectory() as folder:
+    running = [_Case(name, command, env, folder)
+               for name, command in commands.items()]
+    deadline = time.monotonic() + seconds
+    dumps: List[threading.Thread] = []
+    pending = list(running)
+    while pending and time.monotonic() < deadline:
+      for case in list(pending):
+        if case.process.poll() is not None:
+          pending.remove(case)
+        elif case.hung():
+          pending.remove(case)
+          dumps.append(threading.Thread(target=case.dump_and_kill))
+          dumps[-1].start()
+      time.sleep(0.2)
+    for case in pending:  # outlived the batch without faulthandler's dump
+      case.process.kill()
+      case.process.wait()
+    for dump in dumps:
+      dump.join()
+    for case in running:
+      print(case.report(stacks_folder), flush=True)
+
+
 def main() -> None:
   global WAIT_SECONDS  # pylint: disable=global-statement
   parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
@@ -163,6 +243,9 @@ def main() -> None:
   parser.add_argument("--at-a-time", type=int, default=AT_A_TIME)
   parser.add_argument("--own-only", action="store_true",
                       help="only the cases where host functions compile")
+  parser.add_argument("--stacks", metavar="FOLDER",
+                      help="write each hung case's whole native stacks "
+                      "(gdb's output) there")
   parser.add_argument("case", nargs="*", help=argparse.SUPPRESS)
   args = parser.parse_args()
   WAIT_SECONDS = args.wait
@@ -170,33 +253,18 @@ def main() -> None:
     run = own_case if args.case in map(list, OWN) else one_case
     print(run(*args.case), flush=True)
     return
+  if args.stacks:
+    os.makedirs(args.stacks, exist_ok=True)
   # The cases share the device: none takes most of its memory up front.
   env = dict(os.environ, XLA_PYTHON_CLIENT_PREALLOCATE="false")
   cases = ([] if args.own_only else list(itertools.product(CALLS, WORK))
            ) + list(OWN)
   for start in range(0, len(cases), args.at_a_time):
-    running = [(case, subprocess.Popen(
-        [sys.executable, "-m", __spec__.name, "--wait", str(args.wait),
-         *case], env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE,
-        text=True)) for case in cases[start:start + args.at_a_time]]
     # One limit for the whole batch: a hung case does not add its own.
-    deadline = time.monotonic() + args.wait + CASE_SLACK_SECONDS
-    for case, process in running:
-      try:
-        out, err = process.communicate(
-            timeout=max(0.1, deadline - time.monotonic()))
-      except subprocess.TimeoutExpired:
-        process.kill()
-        out, err = process.communicate()
-      if out.strip():
-        print(out.strip(), flush=True)
-      elif "Timeout (" in err:  # faulthandler's dump of a hung case
-        print(f"{' '.join(case)}: HUNG; its threads:\n{err.strip()}",
-              flush=True)
-      else:
-        tail = " | ".join(err.strip().splitlines()[-2:])
-        print(f"{' '.join(case)}: the case failed (exit "
-              f"{process.returncode}): {tail}", flush=True)
+    run_batch({"_".join(case): [sys.executable, "-m", __spec__.name,
+                                "--wait", str(args.wait), *case]
+               for case in cases[start:start + args.at_a_time]},
+              args.wait + CASE_SLACK_SECONDS, env, args.stacks)
 
 
 if __name__ == "__main__":

@@ -32,6 +32,9 @@ SOAK_SECONDS = 20
 # batch, which ends within the wait and its slack).
 COMPILE_WAIT_SECONDS = 12
 COMPILE_AT_A_TIME = 24
+# Where the hung compile cases' whole native stacks go (the report has
+# them grouped).
+COMPILE_STACKS = "gpu_compile_stacks"
 
 # tools.bench's rows that the GPU targets name: a jitted step with one tap
 # or call from a Python loop, a tap and a call per step of a scan, a 256 MiB
@@ -112,7 +115,8 @@ def plan(options: Options) -> List[Step]:
       "compile", "compiling during a call (tools.gpu_compile_during_call)",
       _module(python, "tools.gpu_compile_during_call", "--wait",
               str(COMPILE_WAIT_SECONDS), "--at-a-time",
-              str(COMPILE_AT_A_TIME)), 60, 35, reserved=True)
+              str(COMPILE_AT_A_TIME), "--stacks", COMPILE_STACKS), 75, 40,
+      reserved=True)
   soak = Step("soak", f"soak: 4 threads of taps for {SOAK_SECONDS} s, "
               "nothing lost or reordered",
               _module(python, "tools.soak", "--seconds", str(SOAK_SECONDS),
