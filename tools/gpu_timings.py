@@ -13,6 +13,11 @@ default backend (a GPU's are the ones of interest):
 - a training loop of a ~1 ms step (matrix products, sized on the device
   at hand) with a tap of the loss and `barrier_wait()` every step, beside
   the same loop without the tap and the barrier;
+- a small jitted step (as `tools.bench`'s jitted-step row) from a Python
+  loop: without a tap, with a native tap, and with a native tap in an
+  executable lowered without the host callbacks that keep its host
+  function alive (a diagnostic: whether those callbacks are what a
+  jitted step with a tap costs most on a GPU; the loops take turns);
 - a 256 MiB identity round trip with `call(..., buffers=True)` filling
   `out=` by a CuPy copy on the computation's stream, beside one
   device-to-device copy, `jax.experimental.buffer_callback` (CuPy too)
@@ -36,6 +41,7 @@ import jax
 import jax.numpy as jnp
 
 import host_callback as hcb
+from host_callback import _jax_adapter as adapter
 from host_callback import settings
 from host_callback.tqdm import scan_tqdm
 
@@ -181,6 +187,52 @@ def training_rows(steps: int = 300) -> List[Row]:
            value, "ms") for name, value in times.items()]
 
 
+def _small_step(tapped: bool) -> Callable:
+  """A jitted 16x16 matmul and sum, with a tap of the sum or not, on the
+  native transport; returns (loss, x) as `bench_barrier.loop_times` asks."""
+  weights = jnp.ones((16, 16), jnp.float32)
+  step = jax.jit(lambda x: (
+      (hcb.id_tap(_noop, jnp.sum(x @ weights)) if tapped
+       else jnp.sum(x @ weights)), x))
+
+  def native(x):
+    with settings.transport("native"):
+      return step(x)
+  return native
+
+
+@contextlib.contextmanager
+def _lowered_without_host_callbacks():
+  """Meanwhile our lowerings add no host callback to the executable (on
+  CPU, where the barrier needs it, and everywhere: the one that keeps the
+  host function alive; the host function here is a module's)."""
+  saved = (adapter.keep_alive_with_executable,
+           adapter.run_to_completion_at_dispatch)
+  adapter.keep_alive_with_executable = lambda ctx, obj: None
+  adapter.run_to_completion_at_dispatch = lambda ctx: None
+  try:
+    yield
+  finally:
+    (adapter.keep_alive_with_executable,
+     adapter.run_to_completion_at_dispatch) = saved
+
+
+def host_callback_rows(steps: int = 2000) -> List[Row]:
+  """µs per call of a small jitted step from a Python loop: no tap, one
+  native tap, and one native tap in an executable without host callbacks
+  (`bench_barrier.loop_times`: the loops take turns, medians)."""
+  x = jnp.ones((16, 16), jnp.float32)
+  loops = {"no tap": _small_step(False), "one native tap": _small_step(True)}
+  with _lowered_without_host_callbacks():
+    bare = loops["one native tap, executable without host callbacks"] = (
+        _small_step(True))
+    bare(x)  # compiles without them
+  times = bench_barrier.loop_times(
+      x, steps, 1, {name: (step, _noop) for name, step in loops.items()})
+  return [(f"jitted 16x16 step from a Python loop: {name}", 1e3 * value,
+           "µs") for name, value in times.items()]
+
+
 def _cupy_copy(source: Any, out: Any, stream: int) -> None:
   """`out[...] = source` by CuPy on `stream`, both through DLPack."""
   import cupy  # pylint: disable=import-outside-toplevel
@@ -240,6 +292,7 @@ def _cases() -> Dict[str, Callable[[], List[Row]]]:
     cases[f"bars/every-step-{transport}"] = _bar_case(1, transport)
   # One case: its loops take turns, so that drift reaches them alike.
   cases["training"] = training_rows
+  cases["step/host-callbacks"] = host_callback_rows
   cases["buffers/256MiB"] = buffers_rows
   return cases
 
