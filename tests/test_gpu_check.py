@@ -14,8 +14,8 @@ import time
 
 import pytest
 
-from tools import (gpu_check, gpu_compile_during_call, gpu_hardware, gpu_plan,
-                   gpu_suite, gpu_targets, gpu_timings, native_stacks)
+from tools import (gpu_check, gpu_hardware, gpu_plan, gpu_suite, gpu_targets,
+                   gpu_timings, hung_cases, native_stacks)
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 CPU_ONLY = dict(os.environ, JAX_PLATFORMS="cpu")
@@ -249,52 +249,66 @@ _HANGS = ("import faulthandler, time; faulthandler.dump_traceback_later(1); "
           "time.sleep(60)")
 
 
-def test_compile_cases_report_a_hang_with_its_stacks_and_end_it(
-    tmp_path, capsys):
+def test_a_hung_case_is_reported_with_its_stacks_and_ended(tmp_path,
+                                                            capsys):
   """A case that outlives its wait (its faulthandler dump came) has its
-  native stacks taken and is ended at once; the others' lines are theirs."""
+  native stacks taken and is ended at once; each other case's line is its
+  own, written as it ends; one still running at the limit is killed."""
   started = time.monotonic()
-  gpu_compile_during_call.run_batch(
+  hung_cases.run_batch(
       {"hangs_here": [sys.executable, "-c", _HANGS],
        "ends_well": [sys.executable, "-c", "print('ends: ok')"],
-       "breaks": [sys.executable, "-c", "raise SystemExit('broken')"]},
-      60, dict(os.environ), str(tmp_path))
-  assert time.monotonic() - started < 30
-  out = capsys.readouterr().out
-  assert out.startswith("hangs here: HUNG; its threads' native stacks:\n")
-  assert "\nand their Python stacks:\nTimeout (0:00:01)!\n" in out
-  assert out.endswith("ends: ok\nbreaks: the case failed (exit 1): broken\n")
+       "breaks": [sys.executable, "-c", "raise SystemExit('broken')"],
+       "never_ends": [sys.executable, "-c", "import time; time.sleep(60)"]},
+      5, dict(os.environ), str(tmp_path))
+  assert time.monotonic() - started < 5 + hung_cases.DUMP_SECONDS
+  hung, rest = capsys.readouterr().out.split("and their Python stacks:\n")
+  assert hung.split("\n")[-3] == (
+      "hangs here: HUNG; its threads' native stacks:")
+  assert rest.startswith("Timeout (0:00:01)!\n")
+  lines = (hung.split("\n")[:-3] + rest.split("\n"))
+  assert {"ends: ok", "breaks: the case failed (exit 1): broken",
+          "never ends: still running at the batch's limit; killed"} <= set(
+              lines)
   if native_stacks.debugger() is None:
-    assert "no native stacks: none of gdb, cuda-gdb is installed" in out
+    assert hung.split("\n")[-2] == (
+        "no native stacks: none of gdb, cuda-gdb is installed")
   else:
-    assert "\n1 thread (the first) [" in out
+    assert hung.split("\n")[-2].startswith("1 thread (the first)")
     assert "Thread 1 " in (tmp_path / "hangs_here.txt").read_text()
 
 
 _GDB_OUTPUT = """\
 [New LWP 11]
+Thread 4 (LWP 13):
+#0  0x00007f08 in _PyEval_EvalFrameDefault (...) from libpython.so
+
 Thread 3 (Thread 0x7f03 (LWP 12) "xla-worker"):
 #0  0x00007f01 in futex_wait () from /lib/libc.so.6
-#1  0x00007f02 in absl::Mutex::Lock () from libjax.so
-#2  0x00007f03 in PyEval_EvalCode ()
+#1  0x00007f02 in absl::Mutex::Lock (...) from libjax.so
+#2  0x00007f03 in PyEval_EvalCode (...)
 
 Thread 2 (Thread 0x7f02 (LWP 11) "xla-worker"):
 #0  0x00007f01 in futex_wait () from /lib/libc.so.6
-#1  0x00007f02 in absl::Mutex::Lock () from libjax.so
+#1  0x00007f02 in absl::Mutex::Lock (...) from libjax.so
 
 Thread 1 (Thread 0x7f01 (LWP 10) "python3"):
-#0  cuModuleLoadData (image=0x1) at module.c:3
-#1  0x00007f05 in xla::gpu::GpuExecutable::Load () from libjax.so
-#2  0x00007f06 in _PyEval_EvalFrameDefault ()
-#3  0x00007f07 in xla::NotShown ()
+#0  cuModuleLoadData (...) at module.c:3
+#1  <signal handler called>
+#2  0x00007f04 in std::function<void ()>::operator() (...) at functional:591
+#3  0x00007f05 in tsl::(anonymous namespace)::Run (...) from libjax.so
+#4  0x00007f06 in _PyEval_EvalFrameDefault (...)
+#5  0x00007f07 in xla::NotShown (...)
 """
 
 
 def test_native_stacks_group_threads_by_their_frames_above_python():
   assert native_stacks.summary(_GDB_OUTPUT) == (
       "1 thread (the first) [python3]: cuModuleLoadData < "
-      "xla::gpu::GpuExecutable::Load\n"
-      "2 threads [xla-worker]: futex_wait < absl::Mutex::Lock")
+      "<signal handler called> < std::function<void ()>::operator() < "
+      "tsl::(anonymous namespace)::Run\n"
+      "2 threads [xla-worker]: futex_wait < absl::Mutex::Lock\n"
+      "1 thread: (in the interpreter)")
   assert native_stacks.summary("no native stacks: why\n") == (
       "no native stacks: why")
 

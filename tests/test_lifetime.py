@@ -20,7 +20,8 @@ import pytest
 from jax._src import dispatch
 
 import host_callback as hcb
-from helpers import Recorder, needs_cpu_default_backend, wait_until
+from helpers import (Recorder, cpu_devices, needs_cpu_default_backend,
+                     wait_until)
 
 
 @pytest.fixture
@@ -239,7 +240,7 @@ class _FailedRun:
 
 def test_barrier_keeps_the_tokens_of_failed_runs(both_modes, runtime_tokens):
   """Only JAX raises a foreign failure again: its token stays."""
-  finished, failing = jax.devices()[:2]
+  finished, failing = cpu_devices(2)
   for device in (finished, failing):
     jax.block_until_ready(jax.jit(lambda v: hcb.id_tap(Recorder(), v))(
         jax.device_put(jnp.arange(3.), device)))
@@ -247,6 +248,26 @@ def test_barrier_keeps_the_tokens_of_failed_runs(both_modes, runtime_tokens):
   assert finished in runtime_tokens
   hcb.barrier_wait()
   assert runtime_tokens == {failing: failed}
+
+
+class _NeverWaitedFor:
+  """Stands for a device no queue of ours is open on, and its token (of a
+  finished computation), which the barrier must neither wait for nor drop."""
+  platform, id = "cpu", 10_000
+  waited = False
+
+  def block_until_ready(self) -> None:
+    self.waited = True
+
+
+def test_barrier_keeps_the_tokens_of_devices_it_did_not_wait_for(
+    both_modes, runtime_tokens):
+  jax.block_until_ready(jax.jit(lambda v: hcb.id_tap(Recorder(), v))(
+      jnp.arange(3.)))
+  other = _NeverWaitedFor()
+  runtime_tokens[other] = other
+  hcb.barrier_wait()
+  assert runtime_tokens == {other: other} and not other.waited
 
 
 def _debug_callback_closure_freed() -> bool:

@@ -21,12 +21,14 @@ function compiles and runs a new function itself ("own"), and a tap just
 before the call does ("tap before"; the call waits for that tap). "ok"
 means the computation finished; "HUNG" that it outlived the wait, with
 every thread's native stack (gdb or cuda-gdb, `tools/native_stacks.py`,
-grouped; `--stacks FOLDER` keeps each whole) and Python stack. The "own" case also runs with `pure_callback` and
+grouped; `--stacks FOLDER` keeps each whole) and Python stack
+(`tools/hung_cases.py`). The "own" case also runs with `pure_callback` and
 `io_callback` (unordered and ordered): on an H200 (jax 0.11.2) it hung on
 both our transports and not with JAX's callbacks (docs/gpu.md); and with
 `pure_callback` and ordered `io_callback` after our taps and calls ran on
 both transports ("own_after_ours"), which tells whether our runtime's
-presence alone makes JAX's callbacks hang too.
+presence alone makes JAX's callbacks hang too, beside the same after as
+many computations with JAX's callbacks ("own_after_jax").
 """
 
 from __future__ import annotations
@@ -35,14 +37,11 @@ import argparse
 import faulthandler
 import itertools
 import os
-import subprocess
 import sys
-import tempfile
 import threading
 import time
-from typing import Dict, List, Optional, Sequence
 
-from tools import native_stacks
+from tools import hung_cases
 
 CALLS = ("native", "python", "pure_callback")
 WORK = ("compile_run", "run", "compile", "put", "cpu")
@@ -50,13 +49,15 @@ WORK = ("compile_run", "run", "compile", "put", "cpu")
 # JAX's io_callback, ordered and not, tells whether a hang is ours or any
 # ordered callback's.
 # JAX's own callbacks run once more after our taps and calls ran on both
-# transports ("own_after_ours"): whether our runtime's presence (its
-# threads, its CUDA state) is what hangs, or our programs and host path.
+# transports ("own_after_ours"), and, as its control, after as many
+# computations with JAX's callbacks ran ("own_after_jax"): whether our
+# runtime's presence (its threads, its CUDA state) is what hangs, or our
+# programs and host path.
 OWN = tuple(itertools.product(
     CALLS + ("io_callback", "io_callback_ordered"), ("own",))) + (
-        ("native", "tap_before"), ("python", "tap_before"),
-        ("pure_callback", "own_after_ours"),
-        ("io_callback_ordered", "own_after_ours"))
+        ("native", "tap_before"), ("python", "tap_before")) + tuple(
+            itertools.product(("pure_callback", "io_callback_ordered"),
+                              ("own_after_ours", "own_after_jax")))
 WAIT_SECONDS = 20
 AT_A_TIME = 4
 # What a batch of cases may take beyond `--wait`: starting JAX in each of
@@ -74,11 +75,6 @@ def own_case(call: str, where: str) -> str:
   import host_callback as hcb  # pylint: disable=import-outside-toplevel
   from jax.experimental import io_callback  # pylint: disable=import-outside-toplevel
 
-  # Where a case hangs, every thread's Python stack goes to stderr, and
-  # the case runs on: main() takes its native stacks, prints both, and
-  # ends it.
-  faulthandler.dump_traceback_later(WAIT_SECONDS)
-
   def compile_and_run(a):
     fresh = jax.jit(lambda v: jnp.sum(v) * 2 + 1)  # never compiled before
     return float(fresh(jnp.asarray(a)))
@@ -91,6 +87,17 @@ def own_case(call: str, where: str) -> str:
           lambda a: a, hcb.id_tap(lambda *_: None, v), result_shape=v))(
               jnp.arange(4.0)))
       hcb.barrier_wait()
+  elif where == "own_after_jax":  # as many compiles and callbacks, JAX's
+    for ordered in (False, True):
+      jax.block_until_ready(jax.jit(lambda v, o=ordered: io_callback(
+          lambda a: a, jax.ShapeDtypeStruct(v.shape, v.dtype),
+          jax.pure_callback(lambda a: a, jax.ShapeDtypeStruct(
+              v.shape, v.dtype), v), ordered=o))(jnp.arange(4.0)))
+      jax.effects_barrier()
+  # Where a case hangs, every thread's Python stack goes to stderr, and the
+  # case runs on (run alone, for ever): hung_cases takes its native
+  # stacks, prints both and ends it.
+  faulthandler.dump_traceback_later(WAIT_SECONDS)
   if call == "pure_callback":
     f = jax.jit(lambda v: jax.pure_callback(
         host, jax.ShapeDtypeStruct(v.shape, v.dtype), v))
@@ -111,6 +118,7 @@ def own_case(call: str, where: str) -> str:
   hcb.barrier_wait()
   whose = {"own": "own host function",
            "own_after_ours": "own host function (after ours ran)",
+           "own_after_jax": "own host function (after JAX's ran)",
            "tap_before": "preceding tap"}[where]
   return (f"{jax.default_backend()}: a {call} call whose {whose} "
           f"compiles: ok ({time.perf_counter() - start:.2f} s)")
@@ -162,80 +170,6 @@ def one_case(call: str, work: str) -> str:
           f"({time.perf_counter() - start:.2f} s)")
 
 
-class _Case:
-  """One case's process, its output in files (read while it runs), and,
-  once it hung, its native stacks."""
-
-  def __init__(self, name: str, command: Sequence[str],
-               env: Dict[str, str], folder: str) -> None:
-    self.name = name
-    self.out = open(os.path.join(folder, name + ".out"), "w+")
-    self.err = open(os.path.join(folder, name + ".err"), "w+")
-    self.process = subprocess.Popen(list(command), env=env, stdout=self.out,
-                                    stderr=self.err, text=True)
-    self.stacks: Optional[str] = None
-
-  def hung(self) -> bool:
-    """Whether faulthandler wrote its dump of a case that outlived the
-    wait (the case keeps running, for its native stacks)."""
-    self.err.seek(0)
-    return "Timeout (" in self.err.read()
-
-  def dump_and_kill(self) -> None:
-    self.stacks = native_stacks.dump(self.process.pid)
-    self.process.kill()
-    self.process.wait()
-
-  def report(self, stacks_folder: Optional[str]) -> str:
-    self.out.seek(0)
-    self.err.seek(0)
-    out, err = self.out.read().strip(), self.err.read().strip()
-    name = self.name.replace("_", " ")
-    if out:
-      return out
-    if self.stacks is None:
-      tail = " | ".join(err.splitlines()[-2:])
-      return (f"{name}: the case failed (exit {self.process.returncode}): "
-              f"{tail}")
-    if stacks_folder:
-      with open(os.path.join(stacks_folder, self.name + ".txt"),
-                "w") as whole:
-        whole.write(self.stacks)
-    return (f"{name}: HUNG; its threads' native stacks:\n"
-            f"{native_stacks.summary(self.stacks)}\n"
-            f"and their Python stacks:\n{err}")
-
-
-def run_batch(commands: Dict[str, Sequence[str]], seconds: float,
-              env: Dict[str, str], stacks_folder: Optional[str]) -> None:
-  """Runs `commands` (by case name) at once for at most `seconds` in all,
-  then prints each case's line: its output, or for a case that hung (its
-  faulthandler's dump came), its native stacks, taken in parallel before
-  it is killed, and its Python stacks."""
-  with tempfile.TemporaryDirectory() as folder:
-    running = [_Case(name, command, env, folder)
-               for name, command in commands.items()]
-    deadline = time.monotonic() + seconds
-    dumps: List[threading.Thread] = []
-    pending = list(running)
-    while pending and time.monotonic() < deadline:
-      for case in list(pending):
-        if case.process.poll() is not None:
-          pending.remove(case)
-        elif case.hung():
-          pending.remove(case)
-          dumps.append(threading.Thread(target=case.dump_and_kill))
-          dumps[-1].start()
-      time.sleep(0.2)
-    for case in pending:  # outlived the batch without faulthandler's dump
-      case.process.kill()
-      case.process.wait()
-    for dump in dumps:
-      dump.join()
-    for case in running:
-      print(case.report(stacks_folder), flush=True)
-
-
 def main() -> None:
   global WAIT_SECONDS  # pylint: disable=global-statement
   parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
@@ -261,10 +195,10 @@ def main() -> None:
            ) + list(OWN)
   for start in range(0, len(cases), args.at_a_time):
     # One limit for the whole batch: a hung case does not add its own.
-    run_batch({"_".join(case): [sys.executable, "-m", __spec__.name,
-                                "--wait", str(args.wait), *case]
-               for case in cases[start:start + args.at_a_time]},
-              args.wait + CASE_SLACK_SECONDS, env, args.stacks)
+    hung_cases.run_batch({"_".join(case): [sys.executable, "-m", __spec__.name,
+                                           "--wait", str(args.wait), *case]
+                          for case in cases[start:start + args.at_a_time]},
+                         args.wait + CASE_SLACK_SECONDS, env, args.stacks)
 
 
 if __name__ == "__main__":

@@ -35,7 +35,8 @@ import argparse
 import contextlib
 import os
 import time
-from typing import Any, Callable, Dict, List, Optional, Sequence, Tuple
+from typing import (Any, Callable, Dict, Iterator, List, Optional, Sequence,
+                    Tuple)
 
 import jax
 import jax.numpy as jnp
@@ -202,7 +203,7 @@ def _small_step(tapped: bool) -> Callable:
 
 
 @contextlib.contextmanager
-def _lowered_without_host_callbacks():
+def _lowered_without_host_callbacks() -> Iterator[None]:
   """Meanwhile our lowerings add no host callback to the executable (on
   CPU, where the barrier needs it, and everywhere: the one that keeps the
   host function alive; the host function here is a module's)."""

@@ -24,7 +24,9 @@ DUMP_FRAMES = 40
 SUMMARY_FRAMES = 14
 
 _THREAD = re.compile(r'^Thread (\d+) \(.*?(?:"(.*)")?\):\s*$')
-_FRAME = re.compile(r"^#\d+\s+(?:0x[0-9a-f]+ in )?(\S+)")
+# A frame: its number, its address, then the function and its arguments,
+# then where it is ("at FILE:LINE" or "from LIBRARY").
+_FRAME = re.compile(r"^#\d+\s+(?:0x[0-9a-f]+ in )?(.*?)(?: (?:at|from) \S+)?$")
 # The interpreter's own functions: a summary stops at the first (below
 # it, faulthandler's Python stack says more).
 _INTERPRETER = re.compile(r"^(_?Py|cfunction_|method_vectorcall)")
@@ -47,16 +49,32 @@ def dump(pid: int, timeout: float = 20.0) -> str:
     return f"no native stacks: none of {', '.join(DEBUGGERS)} is installed"
   command = [path, "-batch", "-nx", "-p", str(pid),
              "-ex", "set pagination off",
+             "-ex", "set print frame-arguments none",
              "-ex", f"thread apply all bt {DUMP_FRAMES}"]
   try:
     done = subprocess.run(command, capture_output=True, text=True,
-                          timeout=timeout, check=False)
+                          errors="replace", timeout=timeout, check=False)
   except subprocess.TimeoutExpired:
     return f"no native stacks: {path} did not finish within {timeout:.0f} s"
   if "Thread " not in done.stdout:
     tail = " | ".join((done.stderr or done.stdout).strip().splitlines()[-2:])
     return f"no native stacks: {path} exited {done.returncode}: {tail}"
   return done.stdout
+
+
+def _function(call: str) -> str:
+  """A frame's function: `call` without its last, outermost argument list
+  ("std::function<void ()>::operator() (...)" gives
+  "std::function<void ()>::operator()"); "<signal handler called>" as it
+  is."""
+  if not call.endswith(")"):
+    return call
+  depth = 0
+  for index in range(len(call) - 1, -1, -1):
+    depth += {")": 1, "(": -1}.get(call[index], 0)
+    if depth == 0:
+      return call[:index].rstrip() or call
+  return call
 
 
 def threads(text: str) -> List[Tuple[int, str, List[str]]]:
@@ -70,7 +88,7 @@ def threads(text: str) -> List[Tuple[int, str, List[str]]]:
       continue
     frame = _FRAME.match(line)
     if frame and found:
-      found[-1][2].append(frame.group(1))
+      found[-1][2].append(_function(frame.group(1)))
   return found
 
 
@@ -101,8 +119,9 @@ def summary(text: str, frames: int = SUMMARY_FRAMES) -> str:
     names = sorted({name for _, name in members if name})
     count = f"{len(members)} thread{'s' if len(members) > 1 else ''}"
     first = " (the first)" if min(members)[0] == 1 else ""
-    lines.append(f"{count}{first} [{', '.join(names)}]: "
-                 + " < ".join(stack))
+    named = f" [{', '.join(names)}]" if names else ""
+    frames = " < ".join(stack) or "(in the interpreter)"
+    lines.append(f"{count}{first}{named}: {frames}")
   return "\n".join(lines)
 
 

@@ -352,6 +352,9 @@ def _release_runtime_tokens() -> None:
 
 
 def _waited_for(device: Any) -> bool:
+  """Whether the barrier waited for every computation this thread
+  dispatched to `device`: a device with an open queue (the probes on CPU,
+  and elsewhere the markers, which follow them in the device's order)."""
   return device_number(device) in host_side.runtime.open_device_ids()
 
 
