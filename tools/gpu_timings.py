@@ -13,8 +13,8 @@ default backend (a GPU's are the ones of interest):
 - a training loop of a ~1 ms step (matrix products, sized on the device
   at hand) with a tap of the loss and `barrier_wait()` every step, beside
   the same loop without the tap and the barrier;
-- a small jitted step (as `tools.bench`'s jitted-step row) from a Python
-  loop: without a tap, with a native tap, and with a native tap in an
+- a small jitted step (one product of 16x16, as the training loop's) from
+  a Python loop: without a tap, with a native tap, and with a native tap in an
   executable lowered without the host callbacks that keep its host
   function alive (a diagnostic: whether those callbacks are what a
   jitted step with a tap costs most on a GPU; the loops take turns);
@@ -151,6 +151,14 @@ def _step_of(size: int, products: int, tapped: bool) -> Callable:
   return step
 
 
+def _on(transport: str, step: Callable) -> Callable:
+  """`step`, called (and so compiled) on `transport`."""
+  def on_transport(x):
+    with settings.transport(transport):
+      return step(x)
+  return on_transport
+
+
 def training_rows(steps: int = 300) -> List[Row]:
   """ms per step of a loop of a ~1 ms step from Python: without a tap
   (and waiting for nothing, or for each step's output), and with a tap of
@@ -169,37 +177,16 @@ def training_rows(steps: int = 300) -> List[Row]:
   products = max(1, round(1e-3 / per_product))
   plain = _step_of(size, products, False)
   tapped = _step_of(size, products, True)
-
-  def on(transport: str) -> Callable:
-    def step(y):
-      with settings.transport(transport):
-        return tapped(y)
-    return step
-
   loops = {"no tap, no barrier": (plain, _noop),
            "no tap, block_until_ready every step": (plain,
                                                     jax.block_until_ready)}
   for transport in TRANSPORTS:
     loops[f"tap + barrier_wait() every step ({transport})"] = (
-        on(transport), lambda y: hcb.barrier_wait())
+        _on(transport, tapped), lambda y: hcb.barrier_wait())
   bench_barrier.loop_times(x, 20, 1, loops)  # compiles
   times = bench_barrier.loop_times(x, steps, 1, loops)
   return [(f"~1 ms step ({products} products of {size}x{size}): {name}",
            value, "ms") for name, value in times.items()]
-
-
-def _small_step(tapped: bool) -> Callable:
-  """A jitted 16x16 matmul and sum, with a tap of the sum or not, on the
-  native transport; returns (loss, x) as `bench_barrier.loop_times` asks."""
-  weights = jnp.ones((16, 16), jnp.float32)
-  step = jax.jit(lambda x: (
-      (hcb.id_tap(_noop, jnp.sum(x @ weights)) if tapped
-       else jnp.sum(x @ weights)), x))
-
-  def native(x):
-    with settings.transport("native"):
-      return step(x)
-  return native
 
 
 @contextlib.contextmanager
@@ -223,10 +210,12 @@ def host_callback_rows(steps: int = 2000) -> List[Row]:
   native tap, and one native tap in an executable without host callbacks
   (`bench_barrier.loop_times`: the loops take turns, medians)."""
   x = jnp.ones((16, 16), jnp.float32)
-  loops = {"no tap": _small_step(False), "one native tap": _small_step(True)}
+  # Each loop pays for the same `with` of the transport.
+  loops = {"no tap": _on("native", _step_of(16, 1, False)),
+           "one native tap": _on("native", _step_of(16, 1, True))}
   with _lowered_without_host_callbacks():
     bare = loops["one native tap, executable without host callbacks"] = (
-        _small_step(True))
+        _on("native", _step_of(16, 1, True)))
     bare(x)  # compiles without them
   times = bench_barrier.loop_times(
       x, steps, 1, {name: (step, _noop) for name, step in loops.items()})
