@@ -56,7 +56,7 @@ _REQUIRED = {
     _named_sharding: ("SdyArray", "SdyDim"),
     _mlir: ("set_sharding", "wrap_with_sharding_op", "jaxpr_subcomp",
             "TokenSet"),
-    _pxla: ("_cached_lowering_to_hlo",),
+    _pxla: ("_cached_lowering_to_hlo", "_cached_compilation"),
     _sdy: ("TensorShardingAttr", "DimensionShardingAttr", "AxisRefAttr",
            "MeshAttr", "MeshAxisAttr"),
     _util: ("weakref_lru_cache",),
@@ -622,12 +622,14 @@ def scope_eqn(top_jaxpr: Any, primitive: Any, effects: Any) -> Any:
 
 def lower_scope_body(ctx: Any, jaxpr: Any, args: Sequence[Any], effect: Any,
                      open_token: Callable[[Any], Any],
-                     close_token: Callable[[Any], None]) -> List[Any]:
+                     close_token: Callable[[Any, List[Any]], None]
+                     ) -> List[Any]:
   """Lowers `jaxpr` inline with a new token for `effect`, which JAX threads
   through the body's control flow; the other effects' tokens pass through.
 
-  `open_token(token)` returns the token the body starts from, and `close_token`
-  gets the one it ends with. Wraps jax._src.interpreters.mlir.jaxpr_subcomp and
+  `open_token(token)` returns the token the body starts from, and
+  `close_token(token, outs)` gets the one it ends with and the body's
+  results. Wraps jax._src.interpreters.mlir.jaxpr_subcomp and
   hlo.create_token. Checked against jax 0.10.2 and 0.12.0.1."""
   tokens = mlir.TokenSet({**dict(ctx.tokens_in.items()),
                           effect: open_token(hlo.create_token())})
@@ -636,7 +638,7 @@ def lower_scope_body(ctx: Any, jaxpr: Any, args: Sequence[Any], effect: Any,
       ctx.module_context, jaxpr, ctx.name_stack, tokens, args[:num_consts],
       *args[num_consts:], dim_var_values=ctx.dim_var_values,
       const_lowering=ctx.const_lowering, outer_traceback=ctx.traceback)
-  close_token(tokens_out.get(effect))
+  close_token(tokens_out.get(effect), list(outs))
   ctx.set_tokens_out(mlir.TokenSet(
       {e: t for e, t in tokens_out.items() if e is not effect}))
   return list(outs)
@@ -722,6 +724,53 @@ def _install_while_lowering() -> None:
   mlir.register_lowering(_loops.while_p, _while_lowering)
 
 
+# --- Compiling again what XLA refused (wraps
+# jax._src.interpreters.pxla._cached_compilation, which compiles a jit's
+# module; checked against jax 0.10.2, 0.11.2 and 0.12.0.1, where it takes
+# the same arguments).
+
+_MODULE_MARK = "host_callback.ordered"
+_ROOT_UNKEPT_MARK = "host_callback.root_unkept"
+
+
+def mark_module(ctx: Any, *, root_kept: bool) -> None:
+  """Marks the module being lowered as one holding our ops, and whether its
+  ROOT has a user that keeps XLA's CPU library fusion off it, for the
+  compile retry. Checked against jax 0.10.2, 0.11.2 and 0.12.0.1."""
+  attributes = ctx.module_context.module.operation.attributes
+  attributes[_MODULE_MARK] = _ir.UnitAttr.get()
+  if not root_kept:
+    attributes[_ROOT_UNKEPT_MARK] = _ir.UnitAttr.get()
+
+
+def _install_compile_retry(compile_ours: Callable[..., Any]) -> None:
+  """Compiles a module marked by `mark_module` through
+  `compile_ours(compile_with, platform=, root_kept=)`, where
+  `compile_with(options)` compiles it with the (name, value) compiler
+  options `options` added to the jit's."""
+  compile_ = _pxla._cached_compilation
+  if getattr(compile_, "_host_callback_retry", False):
+    return
+
+  def compile_marked(computation: Any, name: str, tuple_args: Any,
+                     allow_prop_to_inputs: Any, allow_prop_to_outputs: Any,
+                     host_callbacks: Any, backend: Any, da: Any,
+                     compiler_options_kvs: Any, pgle_profiler: Any) -> Any:
+    def compile_with(options: Tuple[Tuple[str, Any], ...]) -> Any:
+      return compile_(computation, name, tuple_args, allow_prop_to_inputs,
+                      allow_prop_to_outputs, host_callbacks, backend, da,
+                      tuple(compiler_options_kvs) + tuple(options),
+                      pgle_profiler)
+    marks = computation.operation.attributes
+    if _MODULE_MARK not in marks:
+      return compile_with(())
+    return compile_ours(compile_with, platform=backend.platform,
+                        root_kept=_ROOT_UNKEPT_MARK not in marks)
+
+  compile_marked._host_callback_retry = True  # type: ignore[attr-defined]
+  _pxla._cached_compilation = compile_marked
+
+
 # --- Every patch of JAX's internals, in one place ---
 
 # (what it patches, why, the JAX versions it was checked against)
@@ -737,17 +786,24 @@ PATCHES = (
      "(replaced, every platform)",
      "a tap in a batched while predicate shows the carry as it is",
      "0.10.2, 0.12.0.1"),
+    ("jax._src.interpreters.pxla._cached_compilation (wrapped)",
+     "a computation with our ops that XLA refuses to compile is compiled "
+     "once more with options that avoid the refusal (compile_retry.py)",
+     "0.10.2, 0.11.2, 0.12.0.1"),
 )
 
 
 def install_patches(rewrite: Callable[[Any], Any],
-                    applies: Callable[[Any], bool]) -> None:
+                    applies: Callable[[Any], bool],
+                    compile_ours: Callable[..., Any]) -> None:
   """Installs every patch that PATCHES lists, once: the top-level rewrite
   (`rewrite` of each jit's top-level jaxpr for which `applies` holds), the
-  scan hoisting guard and the while lowering."""
+  scan hoisting guard, the while lowering and the compile retry (through
+  `compile_ours`, see `_install_compile_retry`)."""
   _install_top_level_rewrite(rewrite, applies)
   _install_scan_hoisting_guard()
   _install_while_lowering()
+  _install_compile_retry(compile_ours)
 
 
 __all__ = [
@@ -766,5 +822,5 @@ __all__ = [
     "execute_without_arguments",
     "outside_the_program_mesh", "keep_alive_with_executable",
     "thread_token", "tracing", "install_patches", "PATCHES", "scope_eqn",
-    "lower_scope_body",
+    "lower_scope_body", "mark_module",
 ]

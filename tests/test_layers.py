@@ -142,9 +142,10 @@ def test_every_patch_of_jax_is_listed_and_installed():
   from host_callback import _jax_adapter  # pylint: disable=import-outside-toplevel
   from jax._src.interpreters import pxla  # pylint: disable=import-outside-toplevel
   from jax._src.lax.control_flow import loops  # pylint: disable=import-outside-toplevel
-  assert len(_jax_adapter.PATCHES) == 3
+  assert len(_jax_adapter.PATCHES) == 4
   assert all(len(patch) == 3 and all(patch) for patch in _jax_adapter.PATCHES)
   assert pxla._cached_lowering_to_hlo._host_callback_rewrite
+  assert pxla._cached_compilation._host_callback_retry
   assert loops._scan_known_hoisting._host_callback_guard
   entry = _jax_adapter.mlir._lowerings[loops.while_p]
   # A LoweringRuleEntry in jax 0.10, the rule itself in earlier versions.

@@ -14,7 +14,7 @@ Only on CPU with the native library built: elsewhere nothing is counted
 
 from __future__ import annotations
 
-from typing import Any, Tuple
+from typing import Any, Sequence, Tuple
 
 import jax
 from jax.extend.core import Primitive
@@ -29,7 +29,8 @@ _EFFECT = adapter.host_callback_effect
 
 execution_mark_p = Primitive("host_callback_execution_mark")
 execution_mark_p.multiple_results = True
-execution_mark_p.def_effectful_abstract_eval(lambda *, end: ([], {_EFFECT}))
+execution_mark_p.def_effectful_abstract_eval(
+    lambda *kept, end: ([], {_EFFECT}))
 
 
 def counted(ctx: Any) -> bool:
@@ -38,14 +39,17 @@ def counted(ctx: Any) -> bool:
           transport_policy.native_on_cpu())
 
 
-def _lower_mark_op(ctx: Any, *, end: bool) -> list:
-  """The custom call `begin(token) -> token` or `end(token) -> token`."""
+def _lower_mark_op(ctx: Any, *kept: Any, end: bool) -> list:
+  """The custom call `begin(token) -> token` or `end(token, *kept) ->
+  token`; the end mark does not read `kept` (see `lower_mark`)."""
   target = (transport_native.END_TARGET if end
             else transport_native.BEGIN_TARGET)
   token_aval = adapter.abstract_token()
-  op_ctx = ctx.replace(avals_in=[token_aval], avals_out=[token_aval])
+  kept_avals = [adapter.physical_aval(a) for a in ctx.avals_in]
+  op_ctx = ctx.replace(avals_in=[token_aval, *kept_avals],
+                       avals_out=[token_aval])
   op = jax.ffi.build_ffi_lowering_function(target, has_side_effect=True)(
-      op_ctx, ctx.tokens_in.get(_EFFECT))
+      op_ctx, ctx.tokens_in.get(_EFFECT), *kept)
   adapter.set_per_device_sharding(ctx, op)
   adapter.thread_token(ctx, op.results[0])
   return []
@@ -54,18 +58,25 @@ def _lower_mark_op(ctx: Any, *, end: bool) -> list:
 mlir.register_lowering(execution_mark_p, _lower_mark_op, platform="cpu")
 
 
-def lower_mark(ctx: Any, token: Any, *, end: bool) -> Any:
+def lower_mark(ctx: Any, token: Any, *, end: bool,
+               kept: Sequence[Tuple[Any, Any]] = ()) -> Any:
   """Emits the begin (or end) mark after `token` on every device of the
-  computation; returns the token after it."""
-  def mark():
-    return execution_mark_p.bind(end=end)
+  computation; returns the token after it.
+
+  `kept` are (value, aval) pairs that the end mark takes as operands without
+  reading them, on a computation of one device: a user of each that XLA
+  cannot remove (see `ordering.kept_results`)."""
+  def mark(*values):
+    return execution_mark_p.bind(*values, end=end)
 
   devices = adapter.sharded_devices(ctx)
-  mark_ctx = ctx.replace(avals_in=[], avals_out=[],
+  mark_ctx = ctx.replace(avals_in=[aval for _, aval in kept], avals_out=[],
                          tokens_in=mlir.TokenSet({_EFFECT: token}))
   if devices is None:
-    mlir.lower_fun(mark, multiple_results=True)(mark_ctx)
+    mlir.lower_fun(mark, multiple_results=True)(
+        mark_ctx, *[value for value, _ in kept])
   else:  # automatically sharded code
+    assert not kept, "kept operands on one device only"
     each_device.lower_on_each_device(
         mark_ctx, mark, each_device.one_axis_mesh(devices), in_specs=(),
         out_specs=[])

@@ -20,8 +20,9 @@ from __future__ import annotations
 
 import functools
 import threading
-from typing import Any, Iterator, List
+from typing import Any, Iterator, List, Sequence, Tuple
 
+import jax
 from jax.extend.core import Primitive, jaxprs_in_params
 
 from .. import _jax_adapter as adapter
@@ -56,16 +57,40 @@ def multi_device_lowered() -> bool:
   return _multi_device_lowered.is_set()
 
 
+def kept_results(ctx: Any, outs: Sequence[Any]) -> List[Tuple[Any, Any]]:
+  """The (value, aval) pairs of the scope's results that its end mark takes
+  as operands: the result of a computation of one device that has one.
+
+  The entry computation's ROOT is then that result alone. XLA's CPU library
+  fusion (`dot-library-rewriter`, docs/xla_root_fusion.md) fuses a
+  reduction with its operand when the operand has no other user, not
+  counting the ROOT's use, and then fails to remove the ROOT: a tap of a
+  reduction of the result would make the program fail to compile. The end
+  mark, which reads nothing, is a second user that XLA keeps."""
+  if len(outs) != 1 or adapter.sharded_devices(ctx) is not None:
+    return []
+  aval = ctx.avals_out[0]
+  if not isinstance(aval, jax.core.ShapedArray):
+    return []
+  return [(outs[0], aval)]
+
+
 def _lower(ctx: Any, *args: Any, jaxpr: Any) -> List[Any]:
   if adapter.device_count(ctx) > 1:
     _multi_device_lowered.set()
   if not executions.counted(ctx):
+    adapter.mark_module(ctx, root_kept=len(jaxpr.outvars) != 1)
     return adapter.lower_scope_body(ctx, jaxpr, args, _EFFECT, lambda t: t,
-                                    lambda t: None)
+                                    lambda t, outs: None)
+
+  def close(token: Any, outs: List[Any]) -> None:
+    kept = kept_results(ctx, outs)
+    adapter.mark_module(ctx, root_kept=len(outs) != 1 or bool(kept))
+    executions.lower_mark(ctx, token, end=True, kept=kept)
+
   return adapter.lower_scope_body(
       ctx, jaxpr, args, _EFFECT,
-      functools.partial(executions.lower_mark, ctx, end=False),
-      functools.partial(executions.lower_mark, ctx, end=True))
+      functools.partial(executions.lower_mark, ctx, end=False), close)
 
 
 mlir.register_lowering(host_callback_scope_p, _lower, cacheable=False)

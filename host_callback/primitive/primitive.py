@@ -17,7 +17,7 @@ import jax
 from jax.extend.core import Primitive
 
 from .. import _jax_adapter as adapter
-from . import eager, lowering, ordering
+from . import compile_retry, eager, lowering, ordering
 from .. import settings
 from .._jax_adapter import ad, batching, mlir
 from ..host.host_functions import HostFunction, Transforms
@@ -230,8 +230,9 @@ adapter.register_partial_eval_custom_rule(host_callback_p, _partial_eval_custom)
 
 # Every patch of JAX's internals (_jax_adapter.PATCHES): the ordering
 # token's top-level scope, taps in a batched while predicate, taps that stay
-# in loops under grad.
-adapter.install_patches(ordering.scoped, ordering.needs_scope)
+# in loops under grad, compiling again what XLA refused.
+adapter.install_patches(ordering.scoped, ordering.needs_scope,
+                        compile_retry.compile_ours)
 
 
 # --- lowering: where the op runs, then the transport's op (lowering.py) ---

@@ -57,9 +57,14 @@ auto BindCall(Start start = &BindNothing) {
   return BindSiteOp(start).RemainingRets().template Attr<int64_t>("site");
 }
 
-// Our ordering token alone (host_callback_begin and _end).
+// Our ordering token alone (host_callback_begin).
 inline auto BindToken() {
   return ffi::Ffi::Bind().Arg<ffi::Token>().Ret<ffi::Token>();
+}
+
+// Our ordering token and arrays left unread (host_callback_end).
+inline auto BindTokenKeeping() {
+  return ffi::Ffi::Bind().Arg<ffi::Token>().RemainingArgs().Ret<ffi::Token>();
 }
 
 // The byte spans of some buffers, without allocating for the usual few.

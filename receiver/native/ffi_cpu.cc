@@ -13,7 +13,8 @@
 //
 // host_callback_begin and host_callback_end open and close each execution of
 // our computations on each device (see executions.h); a handler that fails
-// its execution counts it as ended.
+// its execution counts it as ended. host_callback_end may take arrays it
+// does not read (see End).
 
 #include "ffi_cpu.h"
 
@@ -32,7 +33,11 @@ ffi::Error Begin(ffi::Token, ffi::Result<ffi::Token>) {
   return ffi::Error::Success();
 }
 
-ffi::Error End(ffi::Token, ffi::Result<ffi::Token>) {
+// `kept` are the computation's result, read by nothing: being an operand
+// here keeps XLA's CPU library fusion from fusing the ROOT into one of its
+// other users (host_callback/primitive/ordering.py, docs/xla_root_fusion.md).
+ffi::Error End(ffi::Token, ffi::RemainingArgs kept, ffi::Result<ffi::Token>) {
+  static_cast<void>(kept);
   Executions::Get().End();
   return ffi::Error::Success();
 }
@@ -83,7 +88,7 @@ ffi::Error TapSync(int32_t device_id, ffi::Token, ffi::RemainingArgs args,
 }  // namespace hcb
 
 XLA_FFI_DEFINE_HANDLER_SYMBOL(HcbBegin, hcb::Begin, hcb::BindToken());
-XLA_FFI_DEFINE_HANDLER_SYMBOL(HcbEnd, hcb::End, hcb::BindToken());
+XLA_FFI_DEFINE_HANDLER_SYMBOL(HcbEnd, hcb::End, hcb::BindTokenKeeping());
 XLA_FFI_DEFINE_HANDLER_SYMBOL(HcbOutfeed, hcb::Outfeed, hcb::BindTap());
 XLA_FFI_DEFINE_HANDLER_SYMBOL(HcbCall, hcb::Call, hcb::BindCall());
 XLA_FFI_DEFINE_HANDLER_SYMBOL(HcbTapSync, hcb::TapSync, hcb::BindTap());

@@ -1,0 +1,104 @@
+"""What to do when XLA refuses to compile a computation with our ops.
+
+A tap must never break a program. XLA's CPU compiler has one known refusal
+that only side effects expose: its library fusion (`dot-library-rewriter`,
+YNNPACK) fuses a reduction, such as one that a tap sends, with its operand
+when that operand has no other user, not seeing that the operand is the
+entry computation's ROOT, and then fails removing the ROOT
+(docs/xla_root_fusion.md). The lowering avoids it where it can: the end
+mark takes the result as an operand (`ordering.kept_results`). Where it
+cannot (automatically sharded code, or no native module), a refused
+computation is compiled once more with the library's products but without
+its reduction fusions, which XLA then accepts; a reduction's value may then
+differ from the untapped program's within float32 reassociation. The first
+attempt's error log (XLA writes it to file descriptor 2) is held back and
+dropped when the retry succeeds.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import logging
+import os
+import sys
+import tempfile
+import threading
+from typing import Any, Callable, Iterator, Optional, Tuple
+
+# XLA's debug option that lists the CPU library's fusions: its default in
+# jax 0.10 to 0.12 less LIBRARY_FUSION_TYPE_REDUCE.
+NO_REDUCTION_FUSION: Tuple[Tuple[str, str], ...] = (
+    ("xla_cpu_experimental_ynn_fusion_type",
+     "LIBRARY_FUSION_TYPE_INDIVIDUAL_DOT"),)
+
+# One holder of file descriptor 2 at a time: a second one would restore it
+# to the first one's file.
+_stderr_lock = threading.Lock()
+
+Compile = Callable[[Tuple[Tuple[str, Any], ...]], Any]
+
+
+def compile_ours(compile_with: Compile, *, platform: str,
+                 root_kept: bool) -> Any:
+  """Compiles a computation with our ops: `compile_with(())`, and on CPU,
+  if XLA refuses it, `compile_with(NO_REDUCTION_FUSION)` once; the first error
+  stands if that fails too. `root_kept`: whether the lowering gave the ROOT
+  the user that avoids the known refusal (then nothing is held back)."""
+  if platform != "cpu":
+    return compile_with(())
+  held: list = []
+  try:
+    with _holding_stderr(held, enabled=not root_kept):
+      return compile_with(())
+  except Exception as error:  # pylint: disable=broad-except
+    try:
+      executable = compile_with(NO_REDUCTION_FUSION)
+    except Exception:  # pylint: disable=broad-except
+      _write_stderr(held)
+      raise error from None
+    logging.getLogger("host_callback").debug(
+        "host_callback: XLA refused to compile a computation with taps or "
+        "calls (%s); it was compiled again without the reduction fusions of "
+        "XLA's CPU library",
+        _first_line(error))
+    return executable
+
+
+def _first_line(error: BaseException) -> str:
+  text = str(error)
+  return text.splitlines()[0] if text else type(error).__name__
+
+
+@contextlib.contextmanager
+def _holding_stderr(held: list, *, enabled: bool) -> Iterator[None]:
+  """Sends what is written to file descriptor 2 to a file while the block
+  runs; writes it out after a block that returns, and leaves it in `held`
+  after one that raises."""
+  if not enabled:
+    yield
+    return
+  with _stderr_lock, tempfile.TemporaryFile() as file:
+    sys.stderr.flush()
+    saved = os.dup(2)
+    os.dup2(file.fileno(), 2)
+    try:
+      yield
+    except BaseException:
+      held.append(_restore(saved, file))
+      raise
+    _write_stderr([_restore(saved, file)])
+
+
+def _restore(saved: int, file: Any) -> bytes:
+  """Points file descriptor 2 back at `saved`; what `file` got."""
+  sys.stderr.flush()
+  os.dup2(saved, 2)
+  os.close(saved)
+  file.seek(0)
+  return file.read()
+
+
+def _write_stderr(held: list) -> None:
+  for data in held:
+    if data:
+      os.write(2, data)
