@@ -92,3 +92,35 @@ def test_demo_help_describes_it_without_running_it(transport):
   version = _demo("--version")
   assert (version.returncode, version.stdout) == (
       0, f"host-callback {hcb.__version__}\n")
+
+
+def _extras_in_setup_cfg() -> dict:
+  """Each extra of setup.cfg: the names of the packages it adds."""
+  import configparser  # pylint: disable=import-outside-toplevel
+  import re  # pylint: disable=import-outside-toplevel
+  config = configparser.ConfigParser()
+  config.read(pathlib.Path(__file__).parent.parent / "setup.cfg")
+  return {extra: {re.split(r"[<>=!~ ;\[]", line.strip())[0].lower()
+                  for line in lines.splitlines()
+                  if line.strip() and not line.strip().startswith("#")}
+          for extra, lines in config["options.extras_require"].items()}
+
+
+def _extras_in_readme() -> dict:
+  """Each extra of the README's table: the packages it says it adds, with
+  those of the extras it names."""
+  import re  # pylint: disable=import-outside-toplevel
+  readme = (pathlib.Path(__file__).parent.parent / "README.md").read_text()
+  rows = re.findall(r"^\| `(\w+)` \| ([^|]+) \|", readme, flags=re.M)
+  listed = {}
+  for extra, adds in rows:
+    own, _, others = adds.partition(", and the ")
+    listed[extra] = ({name.strip().lower() for name in own.split(",")},
+                     re.findall(r"`(\w+)`", others))
+  return {extra: set(names).union(*(listed[o][0] for o in others))
+          for extra, (names, others) in listed.items()}
+
+
+def test_readme_lists_the_extras_of_setup_cfg():
+  """The README's table of extras says what setup.cfg installs."""
+  assert _extras_in_readme() == _extras_in_setup_cfg()

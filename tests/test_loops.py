@@ -94,7 +94,7 @@ def test_events_come_in_the_program_s_order_with_its_own_taps():
     def body(c, _):
       c = hcb.id_tap(lambda v, _: seen.append(("body", int(v))), c + 1)
       return c, None
-    return jax.lax.scan(body, x, None, length=2)[0]
+    return jax.lax.scan(body, x, jnp.arange(2.0))[0]
 
   g = tap.verbose(f, on_step=lambda e: seen.append((e.path, e.step)),
                   select=lambda _: ())
@@ -133,6 +133,21 @@ def test_vmap_gives_each_lane_its_events_and_drops_ended_while_lanes():
                              ("while[0]", 0, None, "carry", 2.0),
                              ("while[0]", 1, None, "carry", 4.0),
                              ("while[0]", 2, None, "carry", 8.0)]
+
+
+def test_a_warning_ends_an_error_message_with_one_period():
+  def alert(event):  # NumPy's message ends with a period
+    raise TypeError("isfinite requires ndarray or scalar arguments, got "
+                    "<class 'tuple'> at position 0.")
+
+  f = lambda x: jax.lax.scan(lambda c, _: (c + 1, None), x, None, length=2)  # noqa: E731
+  with pytest.warns(UserWarning) as caught:
+    tap.verbose(f, alert=alert)(0)
+  assert str(caught[0].message) == (
+      "host_callback.loops: alert raised TypeError: isfinite requires "
+      "ndarray or scalar arguments, got <class 'tuple'> at position 0. The "
+      "program goes on unchanged; this callback's further errors are not "
+      "reported.")
 
 
 def test_a_raising_callback_warns_once_and_changes_nothing():
@@ -182,6 +197,64 @@ def test_outputs_of_a_scan_go_to_on_ys():
 def test_primitives_counts_every_level():
   counts = tap.primitives(nested, jnp.float32(0.0), XS)
   assert counts["scan"] == 2 and counts["while"] == 1 and counts["mul"] == 1
+
+
+@jax.custom_vjp
+def _clipped_sin(x):
+  return jnp.sin(x)
+
+
+_clipped_sin.defvjp(lambda x: (jnp.sin(x), x),
+                    lambda x, g: (jnp.clip(g * jnp.cos(x), -1.0, 1.0),))
+
+
+def _every_construct(x):
+  """A scan whose body holds each construct the lens meets once; over its
+  two steps every branch and loop body runs."""
+  mesh = jax.sharding.Mesh(np.array(jax.devices("cpu")[:1]), ("one",))
+  spec = jax.sharding.PartitionSpec()
+
+  def body(c, step):
+    m = jnp.eye(2) * (2.0 + c)
+    solved = jnp.linalg.solve(m, jnp.ones(2))        # custom_linear_solve
+    c = c + jnp.dot(solved, solved)                  # the one dot the lens runs
+    c = jax.nn.relu(c) + _clipped_sin(c)             # custom_jvp, custom_vjp
+    c = jax.lax.cond(step > 0, jnp.cos, jnp.negative, c)
+    _, c = jax.lax.while_loop(  # tanh in the predicate, once round
+        lambda s: (s[0] < 1) & (jnp.tanh(s[1]) < 2.0),
+        lambda s: (s[0] + 1, jnp.exp(s[1])), (0, c))
+    c = jax.checkpoint(jnp.log1p)(jnp.abs(c))
+    c = jax.jit(jnp.sqrt)(c)
+    c = jax.shard_map(jnp.sinh, mesh=mesh, in_specs=spec, out_specs=spec)(c)
+    return c, None
+
+  return jax.lax.scan(body, x, jnp.arange(2.0))[0]
+
+
+def test_primitives_counts_what_on_taps():
+  """`primitives` counts each primitive `on` can tap once per place in the
+  program, and nothing that runs as it is: inside `custom_linear_solve`,
+  custom derivatives, `shard_map` or a while predicate."""
+  x = jnp.float32(0.5)
+  counts = tap.primitives(_every_construct, x)
+  assert counts["dot_general"] == 1  # not the solve's matvec and transpose
+  for name in ("sin", "tanh", "sinh", "custom_jvp_call", "custom_vjp_call"):
+    assert name not in counts, name
+  for name in ("exp", "log1p", "sqrt", "cos", "custom_linear_solve"):
+    assert counts[name] == 1, name
+  boundaries = {"scan", "while", "cond", "remat2", "jit", "pjit",
+                "closed_call"}
+  tappable = sorted(set(counts) - boundaries)
+  events = []
+  tap.verbose(_every_construct, on_step=events.append, ops=(),
+              taps=[tap.on(name) for name in tappable])(x)
+  hcb.barrier_wait()
+  places = {}
+  for event in events:
+    name = event.path.rsplit("/", 1)[-1].split("[")[0]
+    places.setdefault(name, set()).add(event.path)
+  assert {name: len(paths) for name, paths in places.items()} == {
+      name: counts[name] for name in tappable}
 
 
 def test_collectors_write_read_and_tabulate(tmp_path):

@@ -338,6 +338,21 @@ def test_vmap_with_pbar_ids_as_jax_tqdm(log):
   assert [log.of(k) for k in range(3)] == [updates(5, 10)] * 3
 
 
+def test_a_pbar_over_float_steps_counts_in_ints(log):
+  """jax-tqdm's `1000/1000`, not `1000.0/1000`, for float steps."""
+  @scan_tqdm(1000, print_rate=500)
+  def step(carry, x):
+    return carry + x, None
+
+  out = jax.jit(lambda: jax.lax.scan(
+      step, PBar(id=0, carry=0.0), jnp.arange(1000, dtype=jnp.float32))[0])()
+  hcb.barrier_wait()
+  assert float(out.carry) == 499500.0
+  steps = [event[1] for event in log.of(0) if event[0] == "update"]
+  assert steps == [500, 500] and all(type(n) is int for n in steps)
+  assert "1000/1000" in str(log.bars[0])
+
+
 def test_while_loop_counts_its_iterations(log):
   with_total = while_tqdm(total=40, print_rate=8, desc="solve")
   without_total = while_tqdm()

@@ -134,13 +134,15 @@ class Tap:
 
 def _steps_by_id(steps: np.ndarray, ids: Optional[np.ndarray]
                  ) -> Dict[Optional[int], int]:
-  """The steps done, by bar id (None without ids): the most of a batch."""
+  """The steps done, by bar id (None without ids): the most of a batch, as
+  an int whatever the steps' dtype (a scan over float steps counts as
+  jax-tqdm's does)."""
   if ids is None:
     return {None: int(steps.max()) if steps.ndim else int(steps)}
   result: Dict[Optional[int], int] = {}
   for step, bar_id in zip(*(a.ravel().tolist()
                             for a in np.broadcast_arrays(steps, ids))):
-    result[bar_id] = max(step, result.get(bar_id, 0))
+    result[bar_id] = max(int(step), result.get(bar_id, 0))
   return result
 
 

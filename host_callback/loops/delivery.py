@@ -28,11 +28,12 @@ def _warn_once(seen: Set[int], function: Any, what: str,
   if id(function) in seen:
     return
   seen.add(id(function))
+  message = str(error).rstrip(".")
   try:  # under `python -W error` the warning itself raises
     warnings.warn(
-        f"host_callback.loops: {what} raised {type(error).__name__}: {error}. "
-        "The program goes on unchanged; this callback's further errors are "
-        "not reported.", UserWarning, stacklevel=2)
+        f"host_callback.loops: {what} raised {type(error).__name__}: "
+        f"{message}. The program goes on unchanged; this callback's further "
+        "errors are not reported.", UserWarning, stacklevel=2)
   except Exception:  # noqa: BLE001
     pass
 

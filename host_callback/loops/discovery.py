@@ -7,19 +7,25 @@ import collections
 from typing import Any, Callable, Dict
 
 import jax
-from jax.extend import core as jex_core
+
+from .walker import descended_jaxprs, tapped_here
 
 
 def _count(jaxpr: Any, counts: collections.Counter) -> None:
   for eqn in jaxpr.eqns:
-    counts[eqn.primitive.name] += 1
-    for inner in jex_core.jaxprs_in_params(eqn.params):
+    if tapped_here(eqn) or descended_jaxprs(eqn):
+      counts[eqn.primitive.name] += 1
+    for inner in descended_jaxprs(eqn):
       _count(inner, counts)
 
 
 def primitives(f: Callable[..., Any], *args: Any) -> Dict[str, int]:
-  """`{name: count}` of the primitives in `f(*args)`'s trace, inner
-  functions (loop bodies, branches, jit, checkpoint) included. Nothing
+  """`{name: count}` of the equations in `f(*args)`'s trace that the lens
+  reaches: the loops, branches, jits and checkpoints it descends into, and
+  the primitives that `on`, `watch_nan` and `print` tap, each counted once
+  per place in the program. It counts what the lens counts: nothing inside
+  a `custom_linear_solve`, a `custom_jvp`/`custom_vjp` function, a
+  `shard_map` or a while loop's predicate, which run as they are. Nothing
   runs."""
   counts: collections.Counter = collections.Counter()
   _count(jax.make_jaxpr(f)(*args).jaxpr, counts)

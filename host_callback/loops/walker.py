@@ -160,3 +160,31 @@ _BOUNDARIES: Dict[str, Callable[..., List[Any]]] = {
     "scan": Walker._scan, "while": Walker._while, "cond": Walker._cond,
     "remat2": Walker._remat, **{name: Walker._jit for name in _JITS},
 }
+
+
+def tapped_here(eqn: Any) -> bool:
+  """Whether a primitive tap can tap `eqn` itself: not a boundary (which
+  is descended into) nor a custom derivative's call (which runs as is)."""
+  name = eqn.primitive.name
+  return name not in _BOUNDARIES and name not in _OPAQUE
+
+
+def descended_jaxprs(eqn: Any) -> List[Any]:
+  """The jaxprs of `eqn` that the walker evaluates with its taps, as the
+  rules above do: a scan's body, a while loop's body (not its predicate;
+  nothing of a loop batched inside the function), each branch of a cond,
+  the body of a checkpoint or a jit. Nothing else: not the functions of a
+  `custom_linear_solve`, a `custom_jvp`/`custom_vjp` or a `shard_map`."""
+  name, params = eqn.primitive.name, eqn.params
+  if name == "scan":
+    return [params["jaxpr"].jaxpr]
+  if name == "while":
+    return ([] if loop_rewrites.while_is_batched(eqn)
+            else [params["body_jaxpr"].jaxpr])
+  if name == "cond":
+    return [branch.jaxpr for branch in params["branches"]]
+  if name == "remat2":
+    return [params["jaxpr"]]
+  if name in _JITS:
+    return [params["jaxpr"].jaxpr]
+  return []
