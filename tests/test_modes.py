@@ -1,6 +1,7 @@
 """The two modes of `jax_host_callback_outfeed`: synchronous (the CPU
 default, as the original's CustomCall mode) and outfeed (asynchronous)."""
 
+import threading
 import time
 
 import jax
@@ -54,6 +55,41 @@ def test_jitted_and_eager_taps_have_run_when_the_call_returns(outfeed):
     assert log == [1, 2]
   hcb.barrier_wait()
   assert log == [1, 2]
+
+
+@pytest.mark.parametrize("outfeed", [False, True])
+def test_where_a_tap_runs_and_whether_the_device_waits(outfeed, transport):
+  """What the user guide says of each mode: synchronous, the device waits
+  and the tap runs on the thread that runs the computation (the caller's,
+  for a jitted call on one device); outfeed, the jitted call returns while
+  the tap function still runs, on the device's receiver thread."""
+  jax.config.update("jax_host_callback_outfeed", outfeed)
+  started, release, ran_on = threading.Event(), threading.Event(), []
+
+  def tap(arg, transforms):
+    ran_on.append(threading.current_thread().name)
+    started.set()
+    if outfeed:
+      release.wait(60)
+
+  step = jax.jit(lambda x: hcb.id_tap(tap, x * 2))
+  ran_when_returned = []
+
+  def call():
+    step(jnp.int32(1)).block_until_ready()
+    ran_when_returned.append(list(ran_on))
+
+  caller = threading.Thread(target=call, name="caller")
+  caller.start()
+  caller.join(60)  # in the outfeed mode the tap function is held meanwhile
+  assert not caller.is_alive()
+  if outfeed:
+    assert started.wait(60)
+    assert ran_on == [f"host_callback_{transport}_receiver_0"]
+    release.set()
+  else:
+    assert ran_when_returned == [["caller"]]
+  hcb.barrier_wait()
 
 
 def test_synchronous_taps_keep_program_order_in_control_flow():
