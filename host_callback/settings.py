@@ -72,6 +72,15 @@ outfeed = adapter.bool_setting(
     changes_lowering=True)
 
 
+# Internal, set by loops.record() blocks on their thread: which lens is open
+# (0: none). Part of JAX's jit and trace keys, so that a function compiled
+# under one lens is traced again under another.
+record_lens = adapter.int_setting(
+    "jax_host_callback_record_lens", 0,
+    "Internal (set by host_callback.loops.record blocks): the lens of the "
+    "open block, 0 for none.", changes_lowering=True)
+
+
 def outfeed_mode(platform: str) -> bool:
   """Whether taps on `platform` are asynchronous (as in the original:
   always on GPU and TPU, and on CPU with jax_host_callback_outfeed)."""

@@ -61,6 +61,23 @@ def test_record_block_reports_each_step_with_its_address():
   ]
 
 
+def test_a_block_traces_a_jitted_function_for_its_own_lens():
+  """A function compiled before a block, or in a block with another lens,
+  is compiled again for the block's lens; blocks with equal lenses (the
+  same lambda written in a loop) share its compilation."""
+  doubled = jax.jit(lambda x: jax.lax.scan(
+      lambda c, _: (c * 2.0, None), x, None, length=2)[0])
+  doubled(jnp.float32(1.0))  # compiled before any block
+  values, compilations = [], []
+  for sign in (1.0, 1.0, -1.0, 1.0):
+    with tap.record(select=lambda leaves: sign * leaves[0]) as rec:
+      doubled(jnp.float32(1.0))
+    values.append([float(e.value) for e in rec.events])
+    compilations.append(doubled._cache_size())  # pylint: disable=protected-access
+  assert values == [[2.0, 4.0], [2.0, 4.0], [-2.0, -4.0], [2.0, 4.0]]
+  assert compilations == [2, 2, 3, 3]  # before the blocks: 1
+
+
 def test_block_numbers_its_top_level_loops_in_turn_and_restores_lax():
   scan, while_loop = jax.lax.scan, jax.lax.while_loop
   with tap.record(select=lambda _: ()) as rec:

@@ -17,11 +17,12 @@ import threading
 import weakref
 from typing import Any, Callable, List, Optional, Sequence, Tuple, Union
 
-from .. import api
+from .. import api, settings
 from . import patching
 from .collectors import FlightRecorder
 from .delivery import Observer, Observers, guarding
 from .events import TapEvent
+from .lens_keys import lens_number
 from .primitive_taps import PrimitiveTap
 from .verbose import check_options, filters, instrumented
 
@@ -63,6 +64,9 @@ class _Block:
     self.owner: Optional[int] = None
     self._numbers = itertools.count()
     self._entered = False
+    # This thread's lens while the block is open: part of JAX's jit key.
+    self._lens = settings.record_lens(
+        lens_number({**options, "wants_ys": self._wants_ys}))
 
   def __enter__(self) -> FlightRecorder:
     if self._entered:
@@ -82,6 +86,7 @@ class _Block:
     with _open_lock:
       _open = (*_open, weakref.ref(self, _forget))
       patching.install(_intercept)
+    self._lens.__enter__()
     return recorder
 
   def __exit__(self, *exc_info: Any) -> None:
@@ -92,6 +97,7 @@ class _Block:
       if exc_info[0] is None:
         api.barrier_wait()  # the outfeed mode: deliver what ran in the block
     finally:
+      self._lens.__exit__(None, None, None)
       _close(lambda block: block is self)
 
   def wants(self, kind: str) -> bool:
@@ -214,10 +220,12 @@ def record(f: Optional[Callable[..., Any]] = None, *,
   well as the recorder. `max_events=N` keeps the last N events only
   (`rec.dropped` counts the others), for long runs. `partitioned=True`:
   under a sharded `jit`, each device reports its own shard (see
-  `verbose`). In a block, only loops traced in it report: a function
-  compiled before the block (a `jax.jit` cache hit) has no taps, and one
-  compiled in a block keeps that block's `select`. The block waits
-  for the taps of what ran in it (`barrier_wait`) when it closes.
+  `verbose`). A jitted function called in a block is traced for the
+  block's lens, once per lens: a function compiled before the block, or
+  in a block whose lens (`select`, `taps`, ...) differs, is compiled
+  again; blocks whose options are equal (functions of the same code and
+  captured values) share the compilation. The block waits for the taps of
+  what ran in it (`barrier_wait`) when it closes.
   """
   check_options(sample_every, select_ys, ops)
   if f is None:
