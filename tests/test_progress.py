@@ -592,6 +592,57 @@ def test_bars_start_no_tqdm_monitor_and_open_cleanly_at_exit(both_modes,
              for row in rows), done.stderr
 
 
+PRINT_BESIDE_ID_PRINT = """
+import threading
+import jax, jax.numpy as jnp
+import host_callback as hcb
+from host_callback.tqdm import scan_tqdm
+
+go, printed = threading.Event(), threading.Event()
+
+def hold(i, transforms):  # until the program has written "result "
+  go.wait(timeout=30)
+
+def done(i, transforms):
+  printed.set()
+
+@scan_tqdm(20_000, print_rate=1000)
+def step(carry, i):
+  def observe():
+    hcb.id_tap(hold, i)
+    hcb.id_print(i, what="c")
+    hcb.id_tap(done, i)
+    return i
+  jax.lax.cond(i == 1, observe, lambda: i)
+  return carry + 1.0, None
+
+out = jax.pmap(lambda c: jax.lax.scan(step, c, jnp.arange(20_000))[0])(
+    jnp.zeros(4))
+
+class Result:  # print() writes "result ", then asks for this text
+  def __str__(self):
+    go.set()
+    printed.wait(timeout=30)  # an id_print has written meanwhile
+    return str(out)
+
+print("result", Result())
+hcb.barrier_wait()
+"""
+
+
+def test_a_print_and_id_print_beside_bars_keep_their_own_lines(both_modes,
+                                                               transport):
+  """A line the program is writing while the bars draw and an `id_print`
+  from another thread each keep their own rows."""
+  shown = run_in_terminal(PRINT_BESIDE_ID_PRINT,
+                          _mode_env(both_modes, transport))
+  assert [line for line in shown if "result" in line] == [
+      "result [20000. 20000. 20000. 20000.]"], shown
+  assert sorted(line for line in shown if not line.startswith("result")
+                and "Running for" not in line) == ["1"] * 4 + ["what: c"] * 4, (
+                    shown)
+
+
 def test_id_print_writes_above_an_open_bar(both_modes, transport):
   shown = run_in_terminal("""
       import jax, jax.numpy as jnp

@@ -31,7 +31,8 @@ import contextlib
 import os
 import sys
 import threading
-from typing import Any, Dict, Iterable, Iterator, List, Optional, TextIO
+from typing import (Any, Dict, Iterable, Iterator, List, Optional, Set,
+                    TextIO)
 
 _CLEAR_LINE = "\x1b[K"  # from the cursor to the end of its line
 _CLEAR_BELOW = "\x1b[J"  # from the cursor to the end of the screen
@@ -221,32 +222,42 @@ class _ProgramOutput:
   """`sys.stdout` once the program has bars, where it is a terminal. It
   writes through, except while rows stand on its terminal: then each line
   goes above them once it has ended, and the line still being written
-  waits for its end, or for the rows to close. A line written in part
+  waits for its end, or for the rows to close. Each thread's line is its
+  own: a line that one thread writes in parts (`print("result", x)` writes
+  "result " before it asks `x` for its text) ends on its row whatever
+  another thread prints meanwhile (an `id_print`). A line written in part
   when rows open is taken off the screen and written again whole later,
   so that no row draws over it."""
 
   def __init__(self, stream: TextIO) -> None:
     self.stream = stream
-    self._line = ""  # what the program wrote after its last newline
-    self._shown = True  # whether the screen shows `_line`
+    self._lines: Dict[int, str] = {}  # by thread: what it wrote after its
+    # last newline
+    self._hidden: Set[int] = set()  # threads whose line the screen lacks
 
   def __getattr__(self, name: str) -> Any:
     return getattr(self.stream, name)
 
   def write(self, text: str) -> int:
     with _screens_lock:
+      thread = threading.get_ident()
+      before = self._lines.pop(thread, "")
+      line = (before + text).rpartition("\n")[2]
+      if line:
+        self._lines[thread] = line
       screens = _sharing(self.stream)
-      missing = ("" if self._shown else self._line) + text
-      self._line = (self._line + text).rpartition("\n")[2]
       if not screens:
-        self.stream.write(missing)
-        self._shown = True
+        self.stream.write((before if thread in self._hidden else "") + text)
+        self._hidden.discard(thread)
         return len(text)
-      ended, newline, _ = missing.rpartition("\n")
+      ended, newline, _ = (before + text).rpartition("\n")
       if newline:
         with _above(screens, self.stream):
           self.stream.write(ended + newline)
-      self._shown = not self._line
+      if line:
+        self._hidden.add(thread)  # it waits for its end, or for the rows
+      else:
+        self._hidden.discard(thread)
     return len(text)
 
   def writelines(self, lines: Iterable[str]) -> None:
@@ -257,18 +268,20 @@ class _ProgramOutput:
     self.stream.flush()
 
   def take_back(self) -> None:
-    """Rows open on the terminal: the line being written leaves it."""
-    if self._shown and self._line:
+    """Rows open on the terminal: the lines being written leave it."""
+    shown = [t for t in self._lines if t not in self._hidden]
+    if shown:
       self.stream.write("\r" + _CLEAR_LINE)
       self.stream.flush()
-      self._shown = False
+      self._hidden.update(shown)
 
   def give_back(self) -> None:
-    """The rows have closed: the line being written stands again."""
-    if not self._shown:
-      self.stream.write(self._line)
+    """The rows have closed: the lines being written stand again."""
+    hidden = [t for t in self._lines if t in self._hidden]
+    self._hidden.clear()
+    if hidden:
+      self.stream.write("".join(self._lines[t] for t in hidden))
       self.stream.flush()
-      self._shown = True
 
 
 _program: Optional[_ProgramOutput] = None  # sys.stdout, once wrapped
