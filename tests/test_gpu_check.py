@@ -136,7 +136,7 @@ def test_a_missing_package_leaves_out_its_tests_with_a_line():
                 if arg.startswith("--deselect=")]
   assert deselected == [key for key, packages in gpu_suite.NEEDS.items()
                         if packages == ("pyte",)]
-  assert len(deselected) == 5 and not any(
+  assert len(deselected) == 6 and not any(
       arg.startswith("--ignore=") for arg in command)
   assert "--timeout" in command and "-n" in command
   assert gpu_suite.leave_out_lines(missing) == [

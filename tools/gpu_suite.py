@@ -39,6 +39,8 @@ NEEDS: Dict[str, Tuple[str, ...]] = {
     "tests/test_progress.py::test_bars_draw_alike_from_every_step": ("pyte",),
     "tests/test_progress.py::"
     "test_a_print_after_pmap_stays_intact_beside_drawing_bars": ("pyte",),
+    "tests/test_progress.py::"
+    "test_a_print_and_id_print_beside_bars_keep_their_own_lines": ("pyte",),
     "tests/test_properties.py": ("hypothesis",),
 }
 

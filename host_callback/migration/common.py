@@ -26,7 +26,8 @@ ID_TAP_KEYWORDS = frozenset({"result", "tap_with_device", "device_index"})
 # the codemod does not import JAX; a test keeps them equal).
 SUPPORTED_SETTINGS = frozenset({
     "jax_host_callback_inline", "jax_host_callback_max_queue_byte_size",
-    "jax_host_callback_outfeed", "jax_host_callback_transport",
+    "jax_host_callback_outfeed", "jax_host_callback_record_lens",
+    "jax_host_callback_transport",
 })
 SETTING_HINTS = {
     "jax_host_callback_legacy":
