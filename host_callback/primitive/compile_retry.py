@@ -78,7 +78,7 @@ def _holding_stderr(held: list, *, enabled: bool) -> Iterator[None]:
     yield
     return
   with _stderr_lock, tempfile.TemporaryFile() as file:
-    sys.stderr.flush()
+    _flush_stderr()
     saved = os.dup(2)
     os.dup2(file.fileno(), 2)
     try:
@@ -91,11 +91,16 @@ def _holding_stderr(held: list, *, enabled: bool) -> Iterator[None]:
 
 def _restore(saved: int, file: Any) -> bytes:
   """Points file descriptor 2 back at `saved`; what `file` got."""
-  sys.stderr.flush()
+  _flush_stderr()
   os.dup2(saved, 2)
   os.close(saved)
   file.seek(0)
   return file.read()
+
+
+def _flush_stderr() -> None:
+  if sys.stderr is not None:  # None without a console (pythonw)
+    sys.stderr.flush()
 
 
 def _write_stderr(held: list) -> None:
