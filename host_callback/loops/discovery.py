@@ -13,9 +13,10 @@ from .walker import descended_jaxprs, tapped_here
 
 def _count(jaxpr: Any, counts: collections.Counter) -> None:
   for eqn in jaxpr.eqns:
-    if tapped_here(eqn) or descended_jaxprs(eqn):
+    inners = descended_jaxprs(eqn)
+    if inners or tapped_here(eqn):
       counts[eqn.primitive.name] += 1
-    for inner in descended_jaxprs(eqn):
+    for inner in inners:
       _count(inner, counts)
 
 

@@ -95,7 +95,7 @@ class Walker:
         boundaries += 1
       else:
         out = _bind(eqn, values)
-        if name not in _OPAQUE:
+        if tapped_here(eqn):
           seen[name] = self._tap_primitive(eqn, out, path, seen.get(name, 0),
                                            loop)
       env.update(zip(eqn.outvars, out))
