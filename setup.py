@@ -104,6 +104,7 @@ SOURCES = (
     "ffi_cuda.cc",
     "module.cc", "module_support.cc", "module_queues.cc", "module_cuda.cc",
     "module_testing.cc", "python_hooks.cc", "python_runner.cc",
+    "python_arguments.cc", "python_results.cc",
     "python_sites.cc", "python_memory.cc", "python_dlpack.cc",
     "python_instances.cc",
 )
@@ -114,7 +115,8 @@ HEADERS = (
     "huge_pages.h", "ffi_cpu.h",
     "cuda_api.h", "cuda_copies.h", "ffi_cuda.h",
     "module_support.h", "python_hooks.h", "python_limited.h",
-    "python_memory.h", "python_runner.h", "python_sites.h",
+    "python_memory.h", "python_runner.h", "python_arguments.h",
+    "python_results.h", "python_sites.h",
     "python_dlpack.h",
 )
 

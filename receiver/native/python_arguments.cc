@@ -1,0 +1,232 @@
+// A direct run's arguments: see python_arguments.h.
+
+#include "python_arguments.h"
+
+#define PY_ARRAY_UNIQUE_SYMBOL hcb_ARRAY_API
+#define NO_IMPORT_ARRAY
+#define NPY_NO_DEPRECATED_API NPY_1_7_API_VERSION
+#include <numpy/arrayobject.h>
+
+#include <cstring>
+#include <new>
+
+#include "hub.h"
+#include "python_memory.h"
+#include "python_limited.h"
+
+namespace hcb::python {
+namespace {
+
+// Arguments of a large request are copied into one block of the hub's pool
+// (memory already touched: no page faults), as large packets are.
+constexpr int64_t kAlignBytes = 64;
+
+int64_t AlignUp64(int64_t n) {
+  return (n + kAlignBytes - 1) / kAlignBytes * kAlignBytes;
+}
+
+PyObject* NewArray(const Column& column, void* data, int flags,
+                   PyObject* base) {
+  Py_INCREF(reinterpret_cast<PyObject*>(column.descr));  // stolen below
+  PyObject* array = PyArray_NewFromDescr(
+      &PyArray_Type, column.descr, static_cast<int>(column.dims.size()),
+      const_cast<npy_intp*>(column.dims.data()), nullptr, data, flags,
+      nullptr);
+  if (array != nullptr && base != nullptr) {
+    Py_INCREF(base);  // PyArray_SetBaseObject steals it
+    if (PyArray_SetBaseObject(reinterpret_cast<PyArrayObject*>(array), base) <
+        0) {
+      Py_DECREF(array);
+      return nullptr;
+    }
+  }
+  return array;
+}
+
+// A new array owning a copy of `bytes` at `data`, one element per byte for
+// a sub-byte dtype.
+PyObject* CopiedArray(const Column& column, const void* data) {
+  if (column.unpack != nullptr) {
+    npy_intp size = column.nbytes;
+    PyObject* packed = PyArray_SimpleNew(1, &size, NPY_UINT8);
+    if (packed == nullptr) return nullptr;
+    if (size > 0) {
+      std::memcpy(PyArray_DATA(reinterpret_cast<PyArrayObject*>(packed)), data,
+                  column.nbytes);
+    }
+    PyObject* array = CallOne(column.unpack, packed);
+    Py_DECREF(packed);
+    return array;
+  }
+  PyObject* array = NewArray(column, nullptr, 0, nullptr);
+  if (array != nullptr && column.nbytes > 0) {
+    std::memcpy(PyArray_DATA(reinterpret_cast<PyArrayObject*>(array)), data,
+                column.nbytes);
+  }
+  return array;
+}
+
+// A GPU's buffer at `data`, as `factory(address, dtype, shape, gpu, stream,
+// writable)` makes it, with a reference in `views`, to check after the run.
+PyObject* GpuBuffer(PyObject* factory, const DirectRequest& request,
+                    void* data, PyArray_Descr* descr,
+                    const std::vector<npy_intp>& dims, bool writable,
+                    std::vector<PyObject*>* views) {
+  PyObject* shape = PyTuple_New(static_cast<Py_ssize_t>(dims.size()));
+  for (size_t d = 0; shape != nullptr && d < dims.size(); ++d) {
+    PyTuple_SetItem(shape, static_cast<Py_ssize_t>(d),
+                    PyLong_FromLongLong(dims[d]));
+  }
+  PyObject* buffer =
+      shape == nullptr
+          ? nullptr
+          : PyObject_CallFunction(
+                factory, "KONLKO",
+                static_cast<unsigned long long>(
+                    reinterpret_cast<uintptr_t>(data)),
+                reinterpret_cast<PyObject*>(descr), shape,
+                static_cast<long long>(request.gpu),
+                static_cast<unsigned long long>(
+                    reinterpret_cast<uintptr_t>(request.stream)),
+                writable ? Py_True : Py_False);
+  if (buffer != nullptr) {
+    Py_INCREF(buffer);
+    views->push_back(buffer);
+  }
+  return buffer;
+}
+
+}  // namespace
+
+// The host function's arguments as a tuple (an `as_int` column's as a
+// Python int); `views` gets a reference to each view of a device buffer
+// (copy=False), to check after the run.
+PyObject* Arguments(const Site& site, const DirectRequest& request,
+                    std::vector<PyObject*>* views) {
+  const size_t count = site.columns.size();
+  PyObject* args = PyTuple_New(static_cast<Py_ssize_t>(count));
+  if (args == nullptr) return nullptr;
+  int64_t total = 0;
+  for (const Column& column : site.columns) total += AlignUp64(column.nbytes);
+  PyObject* memory = nullptr;  // a large request's block, which it owns
+  uint8_t* into = nullptr;     // where the next array goes in the block
+  if (site.copy && total >= kLargePacket) {
+    Block* block;
+    try {
+      block = Hub::Get().pool().Acquire(total);
+    } catch (const std::bad_alloc&) {
+      Py_DECREF(args);
+      return PyErr_NoMemory();
+    }
+    into = block->data;
+    memory = NewMemory(block->data, static_cast<Py_ssize_t>(total), block,
+                       nullptr);
+    if (memory == nullptr) {
+      Py_DECREF(args);
+      return nullptr;
+    }
+  }
+  for (size_t i = 0; i < count; ++i) {
+    const Column& column = site.columns[i];
+    void* data = request.args[i].data;
+    PyObject* array;
+    if (column.as_int) {
+      int32_t value;
+      std::memcpy(&value, data, sizeof value);
+      array = PyLong_FromLong(value);
+    } else if (column.unpack != nullptr ||
+               (site.copy && memory == nullptr)) {
+      array = CopiedArray(column, data);
+    } else if (memory != nullptr) {
+      if (column.nbytes > 0) std::memcpy(into, data, column.nbytes);
+      array = NewArray(column, into, NPY_ARRAY_CARRAY, memory);
+      into += AlignUp64(column.nbytes);
+    } else {
+      array = NewArray(column, data, NPY_ARRAY_CARRAY_RO, nullptr);
+      if (array != nullptr) {
+        // An empty buffer may have no data: NumPy then allocated, writable.
+        PyArray_CLEARFLAGS(reinterpret_cast<PyArrayObject*>(array),
+                           NPY_ARRAY_WRITEABLE);
+        Py_INCREF(array);
+        views->push_back(array);
+      }
+    }
+    if (array == nullptr) {
+      Py_XDECREF(memory);
+      Py_DECREF(args);
+      return nullptr;
+    }
+    PyTuple_SetItem(args, static_cast<Py_ssize_t>(i), array);
+  }
+  Py_XDECREF(memory);  // the arrays hold it
+  return args;
+}
+
+// A copy=False site's call is lent the device's result buffers: a tuple of
+// writable uint8 arrays over them, which its consumer may fill in place
+// (buffers=True with out=) and return, as views of them, for results.
+// `views` gets a reference to each, to check after the run. Not for packed
+// sub-byte results, which NumPy cannot view.
+bool LendsOutputs(const Site& site, const DirectRequest& request) {
+  return !site.copy && !site.pack_results && request.num_outputs > 0;
+}
+
+PyObject* Outputs(const DirectRequest& request, std::vector<PyObject*>* views) {
+  const size_t count = request.num_outputs;
+  PyObject* outputs = PyTuple_New(static_cast<Py_ssize_t>(count));
+  if (outputs == nullptr) return nullptr;
+  for (size_t i = 0; i < count; ++i) {
+    npy_intp bytes = static_cast<npy_intp>(request.outputs[i].bytes);
+    PyObject* view = PyArray_New(&PyArray_Type, 1, &bytes, NPY_UINT8, nullptr,
+                                 request.outputs[i].data, 0, NPY_ARRAY_CARRAY,
+                                 nullptr);
+    if (view == nullptr) {
+      Py_DECREF(outputs);
+      return nullptr;
+    }
+    Py_INCREF(view);
+    views->push_back(view);
+    PyTuple_SetItem(outputs, static_cast<Py_ssize_t>(i), view);
+  }
+  return outputs;
+}
+
+// A GPU's buffers (request.gpu set): the arguments, read-only (`writable`
+// false, shaped as the site's columns), or the result buffers, writable
+// bytes, as a tuple.
+PyObject* GpuBuffers(PyObject* factory, const Site& site,
+                     const DirectRequest& request, bool writable,
+                     std::vector<PyObject*>* views) {
+  const size_t count = writable ? request.num_outputs : request.num_args;
+  PyObject* buffers = PyTuple_New(static_cast<Py_ssize_t>(count));
+  PyArray_Descr* bytes = writable ? PyArray_DescrFromType(NPY_UINT8) : nullptr;
+  for (size_t i = 0; buffers != nullptr && i < count; ++i) {
+    PyObject* buffer =
+        writable ? GpuBuffer(factory, request, request.outputs[i].data, bytes,
+                             {static_cast<npy_intp>(request.outputs[i].bytes)},
+                             true, views)
+                 : GpuBuffer(factory, request, request.args[i].data,
+                             site.columns[i].descr, site.columns[i].dims,
+                             false, views);
+    if (buffer == nullptr) {
+      Py_CLEAR(buffers);
+    } else {
+      PyTuple_SetItem(buffers, static_cast<Py_ssize_t>(i), buffer);
+    }
+  }
+  Py_XDECREF(reinterpret_cast<PyObject*>(bytes));
+  return buffers;
+}
+
+// Whether a GPU's buffers can be handed over: a buffers=True site with no
+// dtype packed below a byte (which DLPack cannot describe); else the
+// request takes the copies' path.
+bool TakesGpuBuffers(const Site& site) {
+  if (!site.buffers || site.pack_results) return false;
+  for (const Column& column : site.columns) {
+    if (column.unpack != nullptr) return false;
+  }
+  return true;
+}
+
+}  // namespace hcb::python

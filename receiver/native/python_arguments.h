@@ -1,0 +1,44 @@
+// The NumPy arguments of a direct run (python_runner.h), built from the
+// device's buffers with the GIL: copies (a large request's in one pooled
+// block, viewed through a Memory), read-only views of the device's buffers
+// for a copy=False site, a site's `as_int` columns as Python ints, the
+// result buffers lent to a copy=False call, and a GPU's buffers made by
+// the runner's `device_buffer` factory. Each view of a device buffer is
+// also put in `views`, for python_results.h:CheckViews after the run.
+
+#ifndef HOST_CALLBACK_RECEIVER_NATIVE_PYTHON_ARGUMENTS_H_
+#define HOST_CALLBACK_RECEIVER_NATIVE_PYTHON_ARGUMENTS_H_
+
+#define PY_SSIZE_T_CLEAN
+#include <Python.h>
+
+#include <vector>
+
+#include "direct_runs.h"
+#include "python_sites.h"
+
+namespace hcb::python {
+
+// The host function's arguments as a tuple; null with the exception set.
+PyObject* Arguments(const Site& site, const DirectRequest& request,
+                    std::vector<PyObject*>* views);
+
+// Whether a copy=False site's call is lent the device's result buffers.
+bool LendsOutputs(const Site& site, const DirectRequest& request);
+
+// The lent result buffers: a tuple of writable uint8 arrays over them.
+PyObject* Outputs(const DirectRequest& request, std::vector<PyObject*>* views);
+
+// A GPU's buffers (request.gpu set), made by `factory` (python_runner.h's
+// `device_buffer`): the arguments, read-only, or with `writable` the
+// result buffers, as a tuple.
+PyObject* GpuBuffers(PyObject* factory, const Site& site,
+                     const DirectRequest& request, bool writable,
+                     std::vector<PyObject*>* views);
+
+// Whether a GPU's buffers can be handed over for `site`.
+bool TakesGpuBuffers(const Site& site);
+
+}  // namespace hcb::python
+
+#endif  // HOST_CALLBACK_RECEIVER_NATIVE_PYTHON_ARGUMENTS_H_
