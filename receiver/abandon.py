@@ -40,16 +40,20 @@ def abandon(runs: RunCounts, close_own: Callable[[], None],
             why: str) -> None:
   """Closes `runs`, and with `close_own()` the direct runs that the
   transports count themselves (`own()`, their counts); when a host
-  function runs, a packet was dropped or an execution runs
-  (`executions_running()`, None where not counted), writes what was left
+  function runs, a packet was dropped or an execution ran when the exit
+  began (`executions_running()`, None where not counted), writes what was
+  left
   and ends the process with `EXIT_STATUS`. Returns only when nothing was
   left."""
   previous = sys.getswitchinterval()
+  # Read first: once closed, a device's next synchronous tap is refused,
+  # which ends its execution.
+  executions = executions_running()
   runs.close()
   close_own()  # from now on, direct runs go through `runs`, and refuse
   _quiet_other_threads()
   _flush_standard_streams()
-  sent_now, executions = sent(), executions_running()
+  sent_now = sent()
   left = runs.left(sent_now, own())  # the GIL is not released from here on
   if executions or any(q.running or q.dropped for q in left.values()):
     _write_holding_the_gil(report(why, left, executions))

@@ -8,7 +8,7 @@ import time
 from typing import Deque, Dict, List, Mapping, Tuple
 
 from .errors import ErrorLog
-from .interrupts import ctrl_c
+from .ctrl_c import stopped_by_ctrl_c
 from .native_library import native
 from .packets import POLL_SECONDS, Packet
 from .registry import ConsumerRegistry
@@ -173,7 +173,7 @@ class Receiver:
       if packet.reply is not None:
         packet.reply.set_result(result if result is not None else ())
     except BaseException as error:  # pylint: disable=broad-except
-      interrupted = raise_interrupt and ctrl_c(error)
+      interrupted = raise_interrupt and stopped_by_ctrl_c(error)
       waiting = packet.reply is not None and not packet.reply.done
       if not interrupted:
         self._errors.record(error, delivered=packet.reply is not None)

@@ -10,7 +10,7 @@ import traceback
 import types
 from typing import Optional, Set, Tuple
 
-from . import interrupts
+from . import ctrl_c
 
 logger = logging.getLogger("host_callback")
 
@@ -128,9 +128,9 @@ class ErrorLog:
     the host function (a request answered with it, or a direct run that
     raised it to the device). A delivered Ctrl-C on the main thread is not
     kept: it reaches that thread, which waits, as a KeyboardInterrupt (see
-    `interrupts`), and is no host function's failure.
+    `ctrl_c`), and is no host function's failure.
     """
-    if delivered and interrupts.ctrl_c(error):
+    if delivered and ctrl_c.stopped_by_ctrl_c(error):
       logger.debug("A host function was interrupted: %r", error)
       return
     formatted = host_traceback(error)

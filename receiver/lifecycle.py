@@ -16,7 +16,7 @@ import numpy as np
 from . import abandon
 from .blocking import BlockingCalls
 from .errors import ErrorLog
-from .interrupts import ctrl_c
+from .ctrl_c import stopped_by_ctrl_c
 from .consumer_threads import Receiver, consumer_thread
 from .packets import DirectRunError, DirectRunParts, ReceiverStopped, device_error
 from .registry import Consumer, ConsumerRegistry, Tickets
@@ -46,8 +46,10 @@ class Runtime:
   """
 
   def __init__(self, make_transports: Callable[[], Mapping[str, Transport]],
-               max_bytes: Callable[[], int], at_exit: Callable[[], None]) -> None:
-    """`at_exit` runs at interpreter exit if a receiver was ever started."""
+               max_bytes: Callable[[], int], at_exit: Callable[[], None],
+               at_first_use: Callable[[], None] = lambda: None) -> None:
+    """`at_exit` runs at interpreter exit if a queue was ever opened or a
+    receiver started, and `at_first_use` at the first of those."""
     self.registry = ConsumerRegistry()
     self.tickets = Tickets()  # the eager ops' one-shot consumers
     self.errors = ErrorLog()
@@ -67,6 +69,7 @@ class Runtime:
     self._transports: Optional[Dict[str, Transport]] = None
     self._receiver: Optional[Receiver] = None
     self._at_exit = at_exit
+    self._at_first_use = at_first_use
     self._at_exit_registered = False
     # For the drain at exit; started with its registration.
     self.blocking_calls = BlockingCalls()
@@ -136,6 +139,7 @@ class Runtime:
     if not self._at_exit_registered:
       atexit.register(self._at_exit)
       self._at_exit_registered = True
+      self._at_first_use()
       self.blocking_calls.start()
 
   def direct_runner(self, name: str) -> DirectRunParts:
@@ -161,7 +165,7 @@ class Runtime:
     def failed(consumer_id: int, error: BaseException) -> NoReturn:
       self.errors.record(error, delivered=True)  # the device fails with it
       raise DirectRunError(error, registry.context(consumer_id),
-                           interrupted=ctrl_c(error)) from error
+                           interrupted=stopped_by_ctrl_c(error)) from error
 
     def run_direct(consumer_id: int, device_id: int, arrays: List[Any],
                    outputs: Optional[Sequence[Any]] = None,

@@ -17,7 +17,7 @@ import os
 from types import ModuleType
 from typing import Any, Callable, Dict, Optional, Tuple
 
-ABI_VERSION = 19
+ABI_VERSION = 20
 
 
 def _load() -> Optional[ModuleType]:

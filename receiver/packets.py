@@ -66,7 +66,7 @@ def device_error(error: BaseException, context: str) -> BaseException:
 class DirectRunError(Exception):
   """A host function run on the device thread raised `cause`; the message
   is what the device fails with. `error`, which the native device thread
-  reads, is `cause` when Ctrl-C stopped it (`interrupts.ctrl_c`; the
+  reads, is `cause` when Ctrl-C stopped it (`ctrl_c.stopped_by_ctrl_c`; the
   thread then re-arms Ctrl-C for the main thread), else None."""
 
   def __init__(self, cause: BaseException, context: str,

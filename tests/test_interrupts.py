@@ -491,3 +491,119 @@ def test_a_host_functions_keyboard_interrupt_is_its_error(transport, mode,
   outcomes = dict(line.split("|")[::-1] for line in done.stdout.splitlines())
   assert {k: int(v) for k, v in outcomes.items()} == expected, (
       done.stdout, done.stderr[-3000:])
+
+
+# --- What a person sees after Ctrl-C (issue 61, defects 1 to 3) -------------
+
+# For _interrupted_child code, each says "start" once it runs what the
+# SIGINT is to stop. SCENARIO "loop": the first call of a jitted loop whose
+# tap sleeps 10 ms (JAX's Python dispatch). "steps": a loop at the top of the
+# program over a warm jitted step with one tap (JAX's C++ dispatch, with no
+# Python code between its error and the end of the program). "pmap": a
+# pmap over DEVICES of a 20M-step scan with a tap per step.
+_INTERRUPTED_PROGRAMS = {
+    "loop": """
+import time, jax, host_callback as hcb
+def tick(v, t):
+  time.sleep(0.01)
+f = jax.jit(lambda x: jax.lax.fori_loop(
+    0, 100_000, lambda i, x: hcb.id_tap(tick, i, result=x + 1), x))
+print("start", flush=True)
+f(0).block_until_ready()
+""",
+    "steps": """
+import jax, jax.numpy as jnp, host_callback as hcb
+step = jax.jit(lambda x: hcb.id_tap(lambda v, t: None, x) + 1)
+x = step(jnp.float32(0))
+print("start", flush=True)
+for i in range(10**9):
+  x = step(x)
+""",
+    "pmap": """
+import jax, jax.numpy as jnp, host_callback as hcb
+def tick(v, t):
+  pass
+f = jax.pmap(lambda x: jax.lax.scan(
+    lambda c, _: (hcb.id_tap(tick, c) + 1, None), x, None,
+    length=20_000_000)[0])
+print("start", flush=True)
+f(jnp.zeros(DEVICES)).block_until_ready()
+""",
+}
+
+
+def _keyboard_interrupt_as_python_prints_it(lines: List[str]) -> None:
+  """`lines` end as a program that Ctrl-C ended does, where Python prints
+  the KeyboardInterrupt of a SIGINT: its traceback, the program's frames
+  only, then `KeyboardInterrupt`; none of the error of the computation it
+  cancelled, nor a host function blamed for it, nor a half-printed report."""
+  text = _text(lines)
+  for wrong in ("During handling", "lost sys.stderr", "raised Keyboard",
+                "JaxRuntimeError", "Error in sys.excepthook", "ValueError"):
+    assert wrong not in text, text
+  assert lines[-1] == "KeyboardInterrupt", text
+  traceback = lines[lines.index("Traceback (most recent call last):") + 1:-1]
+  frames = [line for line in traceback if line.startswith("  File ")]
+  assert frames and all(f.startswith('  File "<string>"') for f in frames), text
+
+
+@pytest.mark.parametrize("scenario", ["loop", "steps"])
+@pytest.mark.parametrize("mode", ["synchronous", "outfeed"])
+def test_ctrl_c_is_a_keyboard_interrupt_on_one_device(transport, mode,
+                                                      scenario):
+  """Issue 61, defects 1 and 2: in the synchronous mode, Ctrl-C during a
+  jitted loop whose tap sleeps ended with the computation's runtime error
+  blaming the tap ("the tap function tick raised KeyboardInterrupt") and 25
+  lines of JAX's frames before the KeyboardInterrupt; in a loop of jitted
+  steps at the top of the program, the process exited with status 1 after
+  printing the error's repr and `lost sys.stderr`. Now both end as Python
+  ends on Ctrl-C: the KeyboardInterrupt, at the program's line, and the
+  status of SIGINT. In the outfeed mode, queued taps left make it the
+  exit's report and status 130 instead; the loop's computation may have
+  ended (its taps wait in the queue) and the Ctrl-C end the drain at exit,
+  with nothing before the report."""
+  status, lines, seconds = _interrupted_child(
+      _INTERRUPTED_PROGRAMS[scenario], transport, mode, 1,
+      lambda lines: "start" in lines, delay=1.0)
+  assert seconds < 30, _text(lines)
+  if status == -signal.SIGINT:
+    _keyboard_interrupt_as_python_prints_it(lines)
+    return
+  assert status == 130 and mode == "outfeed", _text(lines)
+  why = ("Ctrl-C ended the drain at exit" if "ended the drain" in _text(lines)
+         else "Ctrl-C ended the program")
+  before, queues, _ = _report(why, lines)
+  assert sum(dropped for _, _, dropped in queues.values()) > 0, _text(lines)
+  if why == "Ctrl-C ended the program":
+    _keyboard_interrupt_as_python_prints_it(before)
+  else:
+    assert before == ["start"], _text(lines)
+
+
+@pytest.mark.parametrize("mode", ["synchronous", "outfeed"])
+def test_the_exit_report_counts_executions_still_running(transport, mode):
+  """Issue 61, defect 3: Ctrl-C during a pmap over 4 devices of a long scan
+  with a tap per step: the report said `device executions still running:
+  0` in the synchronous mode (the refused taps ended them before it was
+  read) and 4 in the outfeed mode. It counts what ran when the exit began:
+  4 in both."""
+  devices = 4
+  status, lines, _ = _interrupted_child(
+      f"DEVICES = {devices}\n" + _INTERRUPTED_PROGRAMS["pmap"], transport,
+      mode, devices, lambda lines: "start" in lines, delay=2.0)
+  assert status == 130, _text(lines)
+  before, queues, executions = _report("Ctrl-C ended the program", lines)
+  _keyboard_interrupt_as_python_prints_it(before)
+  assert set(queues) == set(range(devices)), _text(lines)
+  assert all(ran > 0 for ran, _, _ in queues.values()), _text(lines)
+  if executions is not None:
+    assert executions == devices, _text(lines)
+
+
+def test_both_transports_cancel_with_one_message():
+  """A computation that Ctrl-C cancelled fails with a message that begins
+  the same on both transports: the barrier and the exit recognise it."""
+  from host_callback.receiver import ctrl_c, native_library  # pylint: disable=import-outside-toplevel
+  if native_library.native is None:
+    pytest.skip("the native module is not built")
+  assert native_library.native.CTRL_C_CANCELLED == ctrl_c.CANCELLED

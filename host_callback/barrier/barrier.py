@@ -39,7 +39,7 @@ from .. import settings
 from ..host.device_numbers import (device_number, local_devices_by_number,
                                    zero_on)
 from ..host.host_functions import HostFunction
-from ..receiver import POLL_SECONDS, in_consumer_thread
+from ..receiver import POLL_SECONDS, ctrl_c, in_consumer_thread
 
 logger = logging.getLogger("host_callback")
 # After taps arrived that the markers did not account for, the barrier waits
@@ -253,15 +253,15 @@ def _queue_activity() -> Tuple[int, int]:
 
 def _run_marker(marker: Any, on_device: jax.Array, number: int) -> None:
   """Runs a marker. Ctrl-C that stops it fails its computation and is
-  re-armed for the next line of Python (receiver/interrupts.py, or
-  Interrupts::RearmOnMainThread): this handler, inside the caller's `with`
-  of the marker's settings, whose exit it would otherwise stop half-way,
-  leaving this thread on the marker's transport and mode. Where none is
-  pending, an error that names the KeyboardInterrupt is raised as one."""
+  re-armed for the next line of Python (receiver/ctrl_c.py): this
+  handler, inside the caller's `with` of the marker's settings, whose exit
+  it would otherwise stop half-way, leaving this thread on the marker's
+  transport and mode. Where none is pending, the cancelled marker is
+  raised as KeyboardInterrupt."""
   try:
     marker(on_device, np.int32(number))
   except Exception as error:  # pylint: disable=broad-except
-    if "KeyboardInterrupt" in str(error):
+    if ctrl_c.cancelled_by_ctrl_c(error):
       raise KeyboardInterrupt from error
     raise
 

@@ -14,7 +14,7 @@ import jax
 import numpy as np
 
 from . import stop_listeners
-from ..receiver import interrupts
+from ..receiver import ctrl_c
 
 # A transformation entry as stored in primitive params (hashable):
 # (name, ((param_name, value), ...)).
@@ -372,7 +372,7 @@ def _run_call(function: HostFunction, device_id: int,
     stop_listeners.notify(device_id, is_call=True)
     # A KeyboardInterrupt of its own is its error too; Ctrl-C is not.
     if (not isinstance(error, (Exception, KeyboardInterrupt)) or
-        interrupts.ctrl_c(error)):
+        ctrl_c.stopped_by_ctrl_c(error)):
       raise
     raise CallError(
         f"host_callback.call: {function.name} raised "

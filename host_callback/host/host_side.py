@@ -7,12 +7,14 @@ from __future__ import annotations
 
 import atexit
 import dataclasses
+import os
 import threading
 import weakref
 from typing import (Any, Callable, Dict, Optional, Sequence, Set, Tuple,
                     TypeVar, Union)
 
 import jax
+import jaxlib
 import numpy as np
 
 from .. import _jax_adapter as adapter
@@ -22,7 +24,7 @@ from .device_numbers import device_by_number
 from .host_functions import HostFunction, Transforms, make_consumer
 from ..receiver import Consumer, PythonTransport, QueueStats, Runtime, Transport
 from ..receiver import native_wire, transport_native
-from ..receiver.interrupts import program_ended_by_ctrl_c
+from ..receiver import ctrl_c
 from ..receiver.transport import int32_scalar
 
 T = TypeVar("T")
@@ -219,7 +221,7 @@ def _drain_at_exit() -> None:
     runtime.check_usable()
   except RuntimeError:
     return  # a forked child: nothing of ours to drain
-  interrupted = program_ended_by_ctrl_c()
+  interrupted = ctrl_c.program_ended_by_ctrl_c()
   try:
     if interrupted:
       _abandon("Ctrl-C ended the program")
@@ -233,6 +235,7 @@ def _drain_at_exit() -> None:
         _abandon("Ctrl-C ended the drain at exit")
   finally:
     runtime.shut_down(drain=not interrupted)
+  ctrl_c.end_as_ctrl_c_would()
 
 
 def _abandon(why: str) -> None:
@@ -251,6 +254,34 @@ def _executions_running() -> Optional[int]:
           if transport_policy.native_on_cpu() else None)
 
 
+def _report_ctrl_c_as_such() -> None:
+  """Once a computation of ours may run: a computation that Ctrl-C
+  cancelled and that nothing caught is reported as the KeyboardInterrupt
+  it was, without the frames of JAX and of this package
+  (`receiver/ctrl_c.py:install_excepthook`)."""
+  package = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+  ctrl_c.install_excepthook(
+      [package, os.path.dirname(os.path.abspath(ctrl_c.__file__))] +
+      [os.path.dirname(module.__file__) for module in (jax, jaxlib)],
+      _ctrl_c_in_jax_callback)
+
+
+def _ctrl_c_in_jax_callback(error: BaseException) -> bool:
+  """Whether `error` is JAX's for a Python callback (the Python transport's)
+  that a SIGINT stopped in JAX's own frames, before or after ours ran: its
+  text ends with the KeyboardInterrupt's traceback, with no message. Its
+  execution is then counted as ended, as our callback counts one that it
+  stops (`executions.failed`), so that the exit does not report it as
+  still running."""
+  text = str(error).rstrip()
+  stopped = ("CpuCallback error" in text and
+             text.splitlines()[-1].rstrip(": ") == "KeyboardInterrupt")
+  if (stopped and transport_policy.native_on_cpu() and
+      transport_native.executions()[1] > 0):
+    transport_native.execution_failed()
+  return stopped
+
+
 runtime = Runtime(_make_transports, settings.queue_bytes,
-                   at_exit=_drain_at_exit)
+                   at_exit=_drain_at_exit, at_first_use=_report_ctrl_c_as_such)
 atexit.register(_forget_delivered_errors_at_exit)

@@ -16,7 +16,7 @@ from .._jax_adapter import hlo, mlir
 from ..host.device_numbers import device_number, numbers
 from .lowering_kinds import Kind, wire_dtype
 from ..receiver import native_wire
-from ..receiver import interrupts
+from ..receiver import ctrl_c
 
 
 def _device_id_source(place: adapter.ExecutionPlace
@@ -39,15 +39,15 @@ def _device_id_source(place: adapter.ExecutionPlace
 def _failing_the_execution(on_host: Callable, on_failure: Any) -> Callable:
   """`on_host`, which when it raises (so stops the execution) first calls
   `on_failure` (see `executions.failed`); Ctrl-C that stopped it reaches
-  the thread that waits for the execution (see `receiver.interrupts`)."""
+  the thread that waits for the execution (see `receiver.ctrl_c`)."""
   def run(*arrays):
     try:
       return on_host(*arrays)
     except BaseException as error:
       if on_failure is not None:
         on_failure()
-      if interrupts.ctrl_c(error):
-        raise interrupts.rearming_interrupt(error)  # pylint: disable=raise-missing-from
+      if ctrl_c.stopped_by_ctrl_c(error):
+        raise ctrl_c.rearming_interrupt(error)  # pylint: disable=raise-missing-from
       raise
   return run
 

@@ -48,9 +48,8 @@ Status PendingRequest::Wait(int64_t device_id) {
       }
       if (answered()) break;
       if (calls_->interrupts_->Interrupted()) {
-        return Failure(Code::kCancelled,
-                       "host_callback: interrupted (KeyboardInterrupt) "
-                       "while the device waited for a host function");
+        return calls_->interrupts_->Cancel(
+            "while the device waited for a host function");
       }
       if (Status status = calls_->receiver_->EnsureReceiver(device_id);
           !status.ok()) {

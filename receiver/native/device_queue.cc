@@ -65,9 +65,8 @@ Status DeviceQueue::WaitForRoom(std::unique_lock<std::mutex>& lock,
     const bool interrupted = links_.interrupts->Interrupted();
     lock.lock();
     if (interrupted) {
-      return Failure(Code::kCancelled,
-                     "host_callback: interrupted (KeyboardInterrupt) while "
-                     "the device waited for room in its full callback queue");
+      return links_.interrupts->Cancel(
+          "while the device waited for room in its full callback queue");
     }
   }
   return Status();

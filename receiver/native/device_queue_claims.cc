@@ -93,7 +93,10 @@ void DeviceQueue::ResumeClaim() {
     lock.unlock();  // the hook takes the GIL
     const bool interrupted = links_.interrupts->Interrupted();
     lock.lock();
-    if (interrupted) return;  // re-armed: Python raises KeyboardInterrupt
+    if (interrupted) {  // Python raises KeyboardInterrupt
+      links_.interrupts->RearmOnMainThread();
+      return;
+    }
   }
 }
 

@@ -23,8 +23,8 @@ bool DirectRuns::TryRun(DeviceQueue* queue, const DirectRequest& request,
       *status = Failure(Code::kInternal, std::move(error));
       return true;
     case DirectOutcome::kInterrupted:
-      interrupts_->RearmOnMainThread();
-      *status = Failure(Code::kCancelled, std::move(error));
+      *status = interrupts_->Cancel("while a host function ran on the main "
+                                    "thread");
       return true;
     case DirectOutcome::kDeclined:
       break;

@@ -25,14 +25,18 @@ bool Interrupts::OnMainThread() {
 
 bool Interrupts::Interrupted() {
   InterruptHook hook = hook_.load(std::memory_order_seq_cst);
-  if (hook == nullptr || !OnMainThread() || hook() == 0) return false;
-  RearmOnMainThread();
-  return true;
+  return hook != nullptr && OnMainThread() && hook() != 0;
 }
 
 void Interrupts::RearmOnMainThread() {
   if (!OnMainThread()) return;
   if (Rearm rearm = rearm_.load(std::memory_order_seq_cst)) rearm();
+}
+
+Status Interrupts::Cancel(const std::string& where) {
+  RearmOnMainThread();
+  cancellations_.fetch_add(1, std::memory_order_seq_cst);
+  return Failure(Code::kCancelled, std::string(kCtrlCCancelled) + " " + where);
 }
 
 }  // namespace hcb

@@ -15,8 +15,16 @@
 
 #include <atomic>
 #include <cstdint>
+#include <string>
+
+#include "status.h"
 
 namespace hcb {
+
+// How the message of a computation that Ctrl-C cancelled begins, on every
+// path (receiver/ctrl_c.py:CANCELLED, the module's CTRL_C_CANCELLED).
+inline constexpr char kCtrlCCancelled[] =
+    "host_callback: Ctrl-C cancelled this computation";
 
 // Called by a device that waits on Python's main thread (every
 // kPollInterval): returns nonzero when Ctrl-C (SIGINT) is pending, clearing
@@ -32,10 +40,17 @@ class Interrupts {
   // hook.
   void Set(InterruptHook hook, Rearm rearm, uint64_t main_thread);
   // Whether Ctrl-C is pending for the calling thread (only ever the main
-  // thread); if so, it is re-armed for Python.
+  // thread); if so, it is taken: the caller cancels (Cancel) or re-arms it.
   bool Interrupted();
   // Calls the Rearm hook when the calling thread is Python's main thread.
   void RearmOnMainThread();
+  // What a computation that Ctrl-C stopped fails with (`where`: while it
+  // did what), counted; Ctrl-C is re-armed for Python on the main thread.
+  Status Cancel(const std::string& where);
+  // How many computations Ctrl-C cancelled.
+  int64_t cancellations() const {
+    return cancellations_.load(std::memory_order_seq_cst);
+  }
 
  private:
   bool OnMainThread();
@@ -43,6 +58,7 @@ class Interrupts {
   std::atomic<InterruptHook> hook_{nullptr};
   std::atomic<Rearm> rearm_{nullptr};
   std::atomic<uint64_t> main_thread_{0};
+  std::atomic<int64_t> cancellations_{0};
 };
 
 }  // namespace hcb

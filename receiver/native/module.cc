@@ -31,7 +31,7 @@ namespace {
 
 // Bumped whenever a function's signature changes (the module's
 // ABI_VERSION, which receiver/native_library.py checks).
-constexpr int kAbiVersion = 19;
+constexpr int kAbiVersion = 20;
 
 // Adds `name` = `value` (a new reference, or null with an exception set)
 // to `module`; false with an exception set.
@@ -105,6 +105,8 @@ bool AddConstants(PyObject* module) {
          AddConstant(module, "POLL_SECONDS",
                      PyFloat_FromDouble(poll_seconds)) &&
          AddConstant(module, "PACKED_BITS", PackedBits()) &&
+         PyModule_AddStringConstant(module, "CTRL_C_CANCELLED",
+                                    hcb::kCtrlCCancelled) == 0 &&
          AddTargetNames(module);
 }
 

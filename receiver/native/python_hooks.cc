@@ -154,6 +154,34 @@ PyObject* SetInterruptThread(PyObject*, PyObject* args) {
   Py_RETURN_NONE;
 }
 
+PyObject* CtrlCCancellations(PyObject*, PyObject*) {
+  return PyLong_FromLongLong(Hub::Get().interrupts().cancellations());
+}
+
+// `call_clearing_ctrl_c(function, *args)`: takes a pending Ctrl-C (on the
+// main thread), then returns `function(ctrl_c_was_pending, *args)`. A C
+// function, so no Python code runs (where Python would raise the pending
+// KeyboardInterrupt) before `function` knows.
+PyObject* CallClearingCtrlC(PyObject*, PyObject* args) {
+  const Py_ssize_t count = PyTuple_Size(args);
+  if (count < 1) {
+    PyErr_SetString(PyExc_TypeError, "call_clearing_ctrl_c(function, *args)");
+    return nullptr;
+  }
+  const bool pending = PyOS_InterruptOccurred() != 0;
+  PyObject* call_args = PyTuple_New(count);
+  if (call_args == nullptr) return nullptr;
+  PyTuple_SetItem(call_args, 0, PyBool_FromLong(pending));
+  for (Py_ssize_t i = 1; i < count; ++i) {
+    PyObject* item = PyTuple_GetItem(args, i);
+    Py_INCREF(item);
+    PyTuple_SetItem(call_args, i, item);
+  }
+  PyObject* result = PyObject_Call(PyTuple_GetItem(args, 0), call_args, nullptr);
+  Py_DECREF(call_args);
+  return result;
+}
+
 PyMethodDef kHookMethods[] = {
     {"set_restart_hook", SetRestartHook, METH_O, nullptr},
     {"set_nested_consumer", SetNestedConsumer, METH_O, nullptr},
@@ -162,6 +190,8 @@ PyMethodDef kHookMethods[] = {
     {"own_direct_runs", OwnDirectRuns, METH_NOARGS, nullptr},
     {"set_interrupt_thread", SetInterruptThread, METH_VARARGS, nullptr},
     {"runs_host_function_here", RunsHostFunctionOnThisThread, METH_NOARGS, nullptr},
+    {"ctrl_c_cancellations", CtrlCCancellations, METH_NOARGS, nullptr},
+    {"call_clearing_ctrl_c", CallClearingCtrlC, METH_VARARGS, nullptr},
     {nullptr, nullptr, 0, nullptr},
 };
 

@@ -2,8 +2,9 @@
 // hook, the nested consumer, the interrupt hook, the direct runner), and the
 // module functions that set them (set_restart_hook, set_nested_consumer,
 // set_interrupt_thread, set_direct_runner, in kHookMethods; receiver/
-// transport_native.py calls them), and runs_host_function_here, which
-// receiver/consumer_threads.py asks.
+// transport_native.py calls them), runs_host_function_here, which
+// receiver/consumer_threads.py asks, and ctrl_c_cancellations and
+// call_clearing_ctrl_c, for receiver/ctrl_c.py.
 //
 // The module functions run with the GIL, which guards the Python callables
 // they keep; the hooks take the GIL themselves (Rearm needs none).
