@@ -1,9 +1,9 @@
-"""Timings that `tools.gpu_check` reports beside `tools.bench`'s rows, on the
+"""Timings that `tools.gpu.check` reports beside `tools.bench`'s rows, on the
 default backend (a GPU's are the ones of interest):
 
-    python -m tools.gpu_timings                 # every case, in this process
-    python -m tools.gpu_timings --case NAME     # one case (CASES)
-    python -m tools.gpu_timings --list          # the cases' names
+    python -m tools.gpu.timings                 # every case, in this process
+    python -m tools.gpu.timings --case NAME     # one case (CASES)
+    python -m tools.gpu.timings --list          # the cases' names
 
 - per step of a scan of tiny steps: no tap, a tap per step on each
   transport, a tap every 1000th step behind a `lax.cond`, and
@@ -24,7 +24,7 @@ default backend (a GPU's are the ones of interest):
   and `jax.pure_callback` (needs CuPy; no rows without it).
 
 Each row is (name, value, unit), printed as `format_row` writes it;
-medians of a few runs. `tools.gpu_check` runs each case in a fresh process
+medians of a few runs. `tools.gpu.check` runs each case in a fresh process
 (`--case`): a process that ran other work before (a soak, other rows)
 measured a scan step several times slower on an H200.
 """
@@ -46,7 +46,7 @@ from host_callback import _jax_adapter as adapter
 from host_callback import settings
 from host_callback.tqdm import scan_tqdm
 
-from . import bench_barrier
+from tools import bench_barrier
 
 Row = Tuple[str, float, str]
 TRANSPORTS = ("native", "python")
