@@ -37,15 +37,11 @@ COMPILE_AT_A_TIME = 26
 # them grouped).
 COMPILE_STACKS = "gpu_compile_stacks"
 
-# tools.bench's rows that the GPU targets name: a jitted step with one tap
-# or call from a Python loop, a tap and a call per step of a scan, a 256 MiB
-# tap and call round trip.
-GPU_BENCH_ROWS = (
-    r"^(jitted step with one (tap|call x\+1), per call from a Python loop"
-    r"|tap f32 scalar, per step of a [0-9]+-step scan \(until drained\)"
-    r"|call x\+1, per step of a [0-9]+-step scan"
-    r"|large tap of 256 MiB \S+, until the host function ran"
-    r"|large call round trip of 256 MiB \S+, identity(, copy=False)?)$")
+# tools.bench's scenarios (by id) that the GPU targets name: a jitted step
+# with one tap or call from a Python loop, a tap and a call per step of a
+# scan, a 256 MiB tap and call round trip.
+GPU_BENCH_ROWS = (r"^(step-(tap|call)|scan-(tap-drained|call)"
+                  r"|large-tap-256mib|large-call-256mib(-nocopy)?)$")
 
 
 @dataclasses.dataclass(frozen=True)
