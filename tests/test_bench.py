@@ -9,7 +9,7 @@ import sys
 
 import pytest
 
-from tools.bench import barrier, page, scenarios
+from tools.bench import barrier_scenarios, page, scenarios
 
 ROOT = pathlib.Path(__file__).resolve().parent.parent
 
@@ -21,7 +21,7 @@ def once(transport):
 
 
 def _every():
-  return barrier.scenarios(10, 1) + scenarios.scenarios(10, 1)
+  return barrier_scenarios.scenarios(10, 1) + scenarios.scenarios(10, 1)
 
 
 def test_the_page_names_scenarios_by_known_ids():

@@ -7,9 +7,9 @@
                                           # matches (a regular expression)
     python -m tools.bench --list          # each scenario's id and title
 
-Each scenario (`scenarios.py`, `barrier.py`, `tap_then_call.py`) has a
-stable id, which `--only`, the page's summary and its topics (`page.py`)
-name. A run without `--only` fails, after printing its tables, if a
+Each scenario (`scenarios.py`, `barrier_scenarios.py`, `tap_then_call.py`)
+has a stable id, which `--only`, the page's summary and its topics
+(`page.py`) name. A run without `--only` fails, after printing its tables, if a
 scenario that the summary names has no row (the page is then not
 written); `--write` is refused with `--only`, and an id that the summary
 or a topic names but no scenario has fails any run at its start.

@@ -15,7 +15,8 @@ import jax  # noqa: E402  (after XLA_FLAGS)
 
 from host_callback.host import transport_policy  # noqa: E402
 from tools import bench  # noqa: E402
-from tools.bench import barrier, machine, page, scenarios  # noqa: E402
+from tools.bench import (barrier_scenarios, machine, page,  # noqa: E402
+                         scenarios)
 
 
 def parse_args(argv: Optional[Sequence[str]]) -> argparse.Namespace:
@@ -40,8 +41,8 @@ def parse_args(argv: Optional[Sequence[str]]) -> argparse.Namespace:
 def main(argv: Optional[Sequence[str]] = None) -> None:
   args = parse_args(argv)
   scale = 10 if args.quick else 1
-  # The barrier's first, in a fresh process (tools/bench/barrier.py).
-  every = (barrier.scenarios(scale, args.repeat)
+  # The barrier's first, in a fresh process (barrier_scenarios.py).
+  every = (barrier_scenarios.scenarios(scale, args.repeat)
            + scenarios.scenarios(scale, args.repeat))
   try:
     page.check_ids(s.id for s in every)

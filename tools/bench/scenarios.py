@@ -274,8 +274,8 @@ def _loops(scale: int, repeat: int) -> List[Scenario]:
 
 
 def scenarios(scale: int, repeat: int) -> List[AnyScenario]:
-  """Every scenario but the barrier's (`barrier.scenarios`), in the order
-  they run: sizes divided by `scale`, medians of `repeat` runs."""
+  """Every scenario but the barrier's (`barrier_scenarios.scenarios`), in
+  the order they run: sizes divided by `scale`, medians of `repeat` runs."""
   chosen: List[AnyScenario] = []
   for part in (_step(repeat), _tap_then_call(repeat), _scan(scale, repeat),
                _large(repeat), _slow_consumer(scale, repeat),

@@ -46,7 +46,7 @@ from host_callback import _jax_adapter as adapter
 from host_callback import settings
 from host_callback.tqdm import scan_tqdm
 
-from tools.bench.barrier import loop_times
+from tools.bench.barrier_scenarios import loop_times
 
 Row = Tuple[str, float, str]
 TRANSPORTS = ("native", "python")
@@ -163,7 +163,8 @@ def training_rows(steps: int = 300) -> List[Row]:
   """ms per step of a loop of a ~1 ms step from Python: without a tap
   (and waiting for nothing, or for each step's output), and with a tap of
   the loss and `barrier_wait()` after every step on each transport
-  (`tools.bench.barrier.loop_times`: the loops take turns, medians)."""
+  (`tools.bench.barrier_scenarios.loop_times`: the loops take turns,
+  medians)."""
   size = 256 if jax.default_backend() == "cpu" else 2048
   x = jnp.ones((size, size), jnp.float32)
   one = _step_of(size, 1, False)
@@ -208,7 +209,8 @@ def _lowered_without_host_callbacks() -> Iterator[None]:
 def host_callback_rows(steps: int = 2000) -> List[Row]:
   """µs per call of a small jitted step from a Python loop: no tap, one
   native tap, and one native tap in an executable without host callbacks
-  (`tools.bench.barrier.loop_times`: the loops take turns, medians)."""
+  (`tools.bench.barrier_scenarios.loop_times`: the loops take turns,
+  medians)."""
   x = jnp.ones((16, 16), jnp.float32)
   # Each loop pays for the same `with` of the transport.
   loops = {"no tap": _on("native", _step_of(16, 1, False)),
