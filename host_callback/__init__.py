@@ -9,8 +9,9 @@ The package's parts, by job: `api` (the public functions), `primitive/`
 (the JAX side of the receiver: host functions, the runtime, the transport
 policy, `id_print`'s printing), `barrier/` (`barrier_wait`), `bars/` (the
 progress bars, public as `host_callback.tqdm`), `migration/` (the codemod,
-public as `host_callback.migrate`), and `receiver` (the host runtime,
-`receiver/` in the repository).
+public as `host_callback.migrate`), `smoke` (`python -m
+host_callback.smoke` checks an installation), and `receiver` (the host
+runtime, `receiver/` in the repository).
 
 The public names load lazily (PEP 562): the runtime and the receiver are
 imported on first use of a name, so that `python -m host_callback.migrate`,

@@ -4,7 +4,7 @@ events on its own thread, late and out of step with the caller, and fails
 on demand. Each scenario (tests/cuda_standin/scenarios.py) runs in a process
 of its own, since the stand-in is installed process-wide. What only a GPU
 runs (the stream and device pointers from XLA's call frame, ffi_cuda.cc) is
-checked by `python -m tools.gpu_check` on a GPU machine.
+checked by `python -m tools.gpu.check` on a GPU machine.
 """
 
 import os

@@ -1,5 +1,5 @@
 """The native transport on a CUDA GPU (receiver/native/ffi_cuda.cc): skipped
-without one. `python -m tools.gpu_check` runs these first on a GPU machine,
+without one. `python -m tools.gpu.check` runs these first on a GPU machine,
 then the whole suite with the GPU as the default backend. The host side of
 the CUDA part runs on CPU in tests/test_cuda_transport.py.
 """

@@ -1,6 +1,6 @@
 """`call(..., buffers=True)` on a CUDA GPU's own buffers (the native
 transport's direct run, receiver/device_buffers.py) with CuPy: skipped
-without a GPU or without CuPy. `python -m tools.gpu_check` runs it with the
+without a GPU or without CuPy. `python -m tools.gpu.check` runs it with the
 GPU tests; its host side runs on CPU against the CUDA stand-in
 (tests/test_cuda_transport.py, the "buffers" scenario).
 """

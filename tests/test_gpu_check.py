@@ -1,4 +1,4 @@
-"""`python -m tools.gpu_check` without a GPU: a clear "no GPU" message and
+"""`python -m tools.gpu.check` without a GPU: a clear "no GPU" message and
 exit status 2 (nothing validated, which is not a pass); its plan (the
 order of the steps, the budget's arithmetic, `--dry-run`); the tests it
 leaves out where a package is missing; how it runs, cuts and reads its
@@ -14,8 +14,8 @@ import time
 
 import pytest
 
-from tools import (gpu_check, gpu_hardware, gpu_plan, gpu_suite, gpu_targets,
-                   gpu_timings, hung_cases, native_stacks)
+from tools.gpu import (check, hardware, hung_cases, native_stacks, plan, suite,
+                       targets, timings)
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 CPU_ONLY = dict(os.environ, JAX_PLATFORMS="cpu")
@@ -28,15 +28,15 @@ def once(transport):
 
 
 def _plan(**options) -> list:
-  return gpu_plan.plan(gpu_plan.Options(
+  return plan.plan(plan.Options(
       python="python", workers=12,
-      timing_cases=tuple(gpu_timings.CASES), **options))
+      timing_cases=tuple(timings.CASES), **options))
 
 
 def test_gpu_check_says_no_gpu(tmp_path):
   report = tmp_path / "report.md"
   done = subprocess.run(
-      [sys.executable, "-m", "tools.gpu_check", "--report", str(report)],
+      [sys.executable, "-m", "tools.gpu.check", "--report", str(report)],
       cwd=ROOT, capture_output=True, text=True, timeout=120, env=CPU_ONLY)
   assert done.returncode == 2, done.stdout + done.stderr
   assert "gpu_check: no GPU" in done.stdout
@@ -45,7 +45,7 @@ def test_gpu_check_says_no_gpu(tmp_path):
 
 def test_dry_run_prints_the_plan_in_order_without_a_gpu():
   done = subprocess.run(
-      [sys.executable, "-m", "tools.gpu_check", "--dry-run", "--workers",
+      [sys.executable, "-m", "tools.gpu.check", "--dry-run", "--workers",
        "12"], cwd=ROOT, capture_output=True, text=True, timeout=120,
       env=CPU_ONLY)
   assert done.returncode == 0, done.stdout + done.stderr
@@ -64,98 +64,98 @@ def test_measurements_run_first_each_timing_case_in_a_fresh_process():
     assert groups.index(later) > last_measuring, later
   assert groups.index("suite") < groups.index("soak")
   cases = [step.command[-1] for step in steps if step.group == "timings"]
-  assert cases == list(gpu_timings.CASES)  # one process per case
+  assert cases == list(timings.CASES)  # one process per case
   assert all(step.measures for step in steps
              if step.group in ("hardware", "timings", "bench"))
 
 
 def test_reserved_steps_keep_their_caps_whatever_ran_before():
   steps = _plan()
-  left = gpu_plan.BUDGET_SECONDS
+  left = plan.BUDGET_SECONDS
   for index, step in enumerate(steps):  # each step runs to its timeout
-    timeout = gpu_plan.timeout_for(steps, index, left)
+    timeout = plan.timeout_for(steps, index, left)
     if step.reserved:
       assert timeout == step.cap, step.name
-    assert timeout == 0 or timeout >= gpu_plan.MIN_STEP_SECONDS
+    assert timeout == 0 or timeout >= plan.MIN_STEP_SECONDS
     left -= timeout
-  assert left >= gpu_plan.REPORT_SECONDS
+  assert left >= plan.REPORT_SECONDS
 
 
 def test_the_estimated_run_fits_the_budget():
   steps = _plan()
-  timeline = gpu_plan.timeline(steps, gpu_plan.BUDGET_SECONDS)
+  timeline = plan.timeline(steps, plan.BUDGET_SECONDS)
   for step, (start, timeout) in zip(steps, timeline):
     if step.group != "suite":  # the suite gets what is left
       assert timeout >= step.estimate, step.name
   start, timeout = timeline[-1]
-  assert start + steps[-1].estimate <= (gpu_plan.BUDGET_SECONDS
-                                        - gpu_plan.REPORT_SECONDS)
-  assert gpu_plan.BUDGET_SECONDS <= 6 * 60 - 15  # a second run fits too
+  assert start + steps[-1].estimate <= (plan.BUDGET_SECONDS
+                                        - plan.REPORT_SECONDS)
+  assert plan.BUDGET_SECONDS <= 6 * 60 - 15  # a second run fits too
 
 
 def test_budget_arithmetic():
-  step = lambda cap, reserved=False: gpu_plan.Step(  # noqa: E731
+  step = lambda cap, reserved=False: plan.Step(  # noqa: E731
       "g", "n", (), cap, 1, reserved=reserved)
   steps = [step(100), step(30), step(40, reserved=True)]
-  report = gpu_plan.REPORT_SECONDS
+  report = plan.REPORT_SECONDS
   # Its cap, where the budget allows it.
-  assert gpu_plan.timeout_for(steps, 0, 1000) == 100
+  assert plan.timeout_for(steps, 0, 1000) == 100
   # The reserved step's cap and the report's time are kept from it.
-  assert gpu_plan.timeout_for(steps, 0, 80 + report) == 40
-  assert gpu_plan.timeout_for(steps, 1, 40 + report + 12) == 12
+  assert plan.timeout_for(steps, 0, 80 + report) == 40
+  assert plan.timeout_for(steps, 1, 40 + report + 12) == 12
   # Under MIN_STEP_SECONDS: cut.
-  assert gpu_plan.timeout_for(steps, 1, 40 + report + 4) == 0
-  assert gpu_plan.timeout_for(steps, 2, 45 + report) == 40
+  assert plan.timeout_for(steps, 1, 40 + report + 4) == 0
+  assert plan.timeout_for(steps, 2, 45 + report) == 40
 
 
 def test_only_and_skip_select_groups():
   steps = _plan()
-  assert {s.group for s in gpu_plan.select(steps, ["suite"])} == {"suite"}
-  assert "suite" not in {s.group for s in gpu_plan.select(steps, None,
+  assert {s.group for s in plan.select(steps, ["suite"])} == {"suite"}
+  assert "suite" not in {s.group for s in plan.select(steps, None,
                                                           ["suite"])}
-  assert set(gpu_plan.GROUPS) == {step.group for step in steps}
+  assert set(plan.GROUPS) == {step.group for step in steps}
 
 
 def test_the_default_hardware_programs_are_in_the_repository():
-  assert gpu_hardware.HERE == os.path.join(ROOT, "tools", "gpu_hardware")
-  for program, _ in gpu_hardware.PROGRAMS:
-    assert os.path.isfile(os.path.join(gpu_hardware.HERE, program + ".cu"))
-  assert gpu_check.parse_args([]).hardware == gpu_hardware.HERE
-  hardware, = [s for s in _plan() if s.group == "hardware"]
-  assert hardware.command[-1] == gpu_hardware.HERE
+  assert hardware.HERE == os.path.join(ROOT, "tools", "gpu", "hardware")
+  for program, _ in hardware.PROGRAMS:
+    assert os.path.isfile(os.path.join(hardware.HERE, program + ".cu"))
+  assert check.parse_args([]).hardware == hardware.HERE
+  step, = [s for s in _plan() if s.group == "hardware"]
+  assert step.command[-1] == hardware.HERE
 
 
 # --- Tests left out where a package is missing -------------------------------
 
 def test_a_missing_package_leaves_out_its_tests_with_a_line():
-  missing = gpu_suite.missing_packages(lambda package: package != "pyte")
+  missing = suite.missing_packages(lambda package: package != "pyte")
   assert missing == {"pyte"}
-  command = gpu_suite.pytest_command("python", ["tests"], 12, missing,
+  command = suite.pytest_command("python", ["tests"], 12, missing,
                                      plugins=lambda plugin: True)
   deselected = [arg.split("=", 1)[1] for arg in command
                 if arg.startswith("--deselect=")]
-  assert deselected == [key for key, packages in gpu_suite.NEEDS.items()
+  assert deselected == [key for key, packages in suite.NEEDS.items()
                         if packages == ("pyte",)]
   assert len(deselected) == 6 and not any(
       arg.startswith("--ignore=") for arg in command)
   assert "--timeout" in command and "-n" in command
-  assert gpu_suite.leave_out_lines(missing) == [
+  assert suite.leave_out_lines(missing) == [
       f"{key} left out: pyte not installed" for key in deselected]
   # A module-wide need leaves the module out; one of its tests' needs too.
   missing = {"tqdm", "sphinx"}
-  command = gpu_suite.pytest_command("python", ["tests"], 1, missing,
+  command = suite.pytest_command("python", ["tests"], 1, missing,
                                      plugins=lambda plugin: False)
   assert "--ignore=tests/test_progress.py" in command
   assert "--deselect=tests/test_docs.py::test_sphinx_build" in command
   assert "-n" not in command and "--timeout" not in command
   assert "tests/test_docs.py::test_sphinx_build left out: sphinx not " \
-         "installed" in gpu_suite.leave_out_lines(missing)
+         "installed" in suite.leave_out_lines(missing)
 
 
 def test_nothing_is_left_out_where_every_package_imports():
-  assert gpu_suite.missing_packages(lambda package: True) == set()
+  assert suite.missing_packages(lambda package: True) == set()
   assert not any(arg.startswith(("--ignore=tests/test_p", "--deselect"))
-                 for arg in gpu_suite.pytest_command("python", ["tests"], 1,
+                 for arg in suite.pytest_command("python", ["tests"], 1,
                                                      set()))
 
 
@@ -194,7 +194,7 @@ def _needs_in_sources(packages: set) -> set:
              for node in parsed("tests/helpers.py").body
              if isinstance(node, ast.FunctionDef)}
   needs = set()
-  for module in gpu_suite.test_modules():
+  for module in suite.test_modules():
     tree = parsed(module)
     top = [node for node in tree.body
            if isinstance(node, (ast.Import, ast.ImportFrom))]
@@ -215,12 +215,12 @@ def test_every_import_of_a_test_extra_package_is_in_needs():
   assert {"pyte", "myst_parser", "libcst", "mypy"} <= packages
   for key, package in sorted(_needs_in_sources(packages)):
     module = key.split("::")[0]
-    assert package in gpu_suite.NEEDS.get(key, ()) + gpu_suite.NEEDS.get(
-        module, ()), f"{key} needs {package}: add it to gpu_suite.NEEDS"
+    assert package in suite.NEEDS.get(key, ()) + suite.NEEDS.get(module, ()), (
+        f"{key} needs {package}: add it to NEEDS in tools/gpu/suite.py")
 
 
 def test_needs_names_existing_tests_and_no_others():
-  for key in gpu_suite.NEEDS:
+  for key in suite.NEEDS:
     module, _, test = key.partition("::")
     with open(os.path.join(ROOT, module), encoding="utf-8") as source:
       names = re.findall(r"^def (test\w*)\(", source.read(), re.M)
@@ -232,15 +232,15 @@ def test_needs_names_existing_tests_and_no_others():
 
 def test_timing_rows_round_trip():
   for row in _TIMINGS:  # names with ": " too
-    assert gpu_timings.parse_row(gpu_timings.format_row(row)) == row
-  assert gpu_timings.parse_row("gpu_check: something else") is None
+    assert timings.parse_row(timings.format_row(row)) == row
+  assert timings.parse_row("gpu_check: something else") is None
 
 
 def test_a_timing_case_runs_in_its_own_process_and_is_read_back():
-  findings = gpu_check.Findings(gpu="none", budget=60)
+  findings = check.Findings(gpu="none", budget=60)
   step, = [s for s in _plan() if s.command[-1] == "scan/no-tap"]
-  outcome = gpu_check.run_command((sys.executable, *step.command[1:]), 90)
-  assert gpu_check._record_timings(findings, outcome), outcome.stderr
+  outcome = check.run_command((sys.executable, *step.command[1:]), 90)
+  assert check._record_timings(findings, outcome), outcome.stderr
   (name, value, unit), = findings.rows
   assert (name, unit) == ("scan step, no tap", "µs") and value > 0
 
@@ -323,31 +323,30 @@ def _gone(pid: int) -> bool:
 
 def test_the_budget_cuts_a_step_and_its_children_and_keeps_the_last(
     tmp_path, monkeypatch, capsys):
-  monkeypatch.setattr(gpu_check, "GRACE_SECONDS", 1.0)
-  monkeypatch.setattr(gpu_check, "wait_until_quiet",
+  monkeypatch.setattr(check, "GRACE_SECONDS", 1.0)
+  monkeypatch.setattr(check, "wait_until_quiet",
                       lambda limit: (True, "CPUs 0% busy, GPU ?"))
   python = sys.executable
   sleeper = ("import subprocess, sys, time; p = subprocess.Popen("
              "[sys.executable, '-c', 'import time; time.sleep(60)']); "
              "print(p.pid, flush=True); time.sleep(60)")
-  steps = [gpu_plan.Step("runtime", "quick", (python, "-c", "print(1)"), 30,
+  steps = [plan.Step("runtime", "quick", (python, "-c", "print(1)"), 30,
                          1),
-           gpu_plan.Step("timings", "measured", (python, "-c", "print(2)"),
+           plan.Step("timings", "measured", (python, "-c", "print(2)"),
                          30, 1, measures=True),
-           gpu_plan.Step("suite", "long", (python, "-c", sleeper), 60, 1),
-           gpu_plan.Step("soak", "last", (python, "-c", "pass"), 10, 1,
+           plan.Step("suite", "long", (python, "-c", sleeper), 60, 1),
+           plan.Step("soak", "last", (python, "-c", "pass"), 10, 1,
                          reserved=True)]
   report = str(tmp_path / "report.md")
-  findings = gpu_check.Findings(gpu="none", budget=30)
+  findings = check.Findings(gpu="none", budget=30)
   start = time.monotonic()
-  gpu_check.Runner(findings, report, set(), start + 30).run(steps)
+  check.Runner(findings, report, set(), start + 30).run(steps)
   assert time.monotonic() - start < 30
-  statuses = {check[0]: gpu_check.status(findings, check)
-              for check in findings.checks}
+  statuses = {c[0]: check.status(findings, c) for c in findings.checks}
   assert statuses == {"quick": "PASS", "measured": "FAIL", "long": "CUT",
                       "last": "PASS",
                       "machine quiet before each measurement": "PASS"}
-  assert gpu_check.verdict(findings) == 1  # "measured" printed no row
+  assert check.verdict(findings) == 1  # "measured" printed no row
   child = int(open(report + ".suite.log").read().split("\n")[1])
   assert _gone(child)  # the step's own child was killed with it
   text = open(report).read()
@@ -355,14 +354,14 @@ def test_the_budget_cuts_a_step_and_its_children_and_keeps_the_last(
 
 
 def test_a_step_left_no_time_is_cut_and_the_run_is_incomplete(tmp_path):
-  steps = [gpu_plan.Step("suite", "suite", ("false",), 60, 1),
-           gpu_plan.Step("soak", "soak", ("true",), 10, 1, reserved=True)]
-  findings = gpu_check.Findings(gpu="none", budget=16)
-  gpu_check.Runner(findings, str(tmp_path / "r.md"), set(),
+  steps = [plan.Step("suite", "suite", ("false",), 60, 1),
+           plan.Step("soak", "soak", ("true",), 10, 1, reserved=True)]
+  findings = check.Findings(gpu="none", budget=16)
+  check.Runner(findings, str(tmp_path / "r.md"), set(),
                    time.monotonic() + 16).run(steps)
-  assert [gpu_check.status(findings, c) for c in findings.checks] == [
+  assert [check.status(findings, c) for c in findings.checks] == [
       "CUT", "PASS"]
-  assert gpu_check.verdict(findings) == gpu_check.INCOMPLETE
+  assert check.verdict(findings) == check.INCOMPLETE
 
 
 _XDIST = """12 workers [5 items]
@@ -378,16 +377,16 @@ tests/test_a.py::test_one[python] ERROR                   [ 28%]
 
 
 def test_test_output_is_read_with_and_without_xdist():
-  assert gpu_suite.results(_XDIST) == {
+  assert suite.results(_XDIST) == {
       "tests/test_a.py::test_one[native]": "PASSED",
       "tests/test_a.py::test_two[python]": "FAILED",
       "tests/test_b.py::test_three[native]": "SKIPPED"}
-  assert gpu_suite.collected(_XDIST) == 5
-  assert gpu_suite.collected(_PLAIN) == 7
-  assert gpu_suite.results(_PLAIN)["tests/test_a.py::test_one[python]"] == \
+  assert suite.collected(_XDIST) == 5
+  assert suite.collected(_PLAIN) == 7
+  assert suite.results(_PLAIN)["tests/test_a.py::test_one[python]"] == \
       "ERROR"  # its teardown failed
   modules = ["tests/test_a.py", "tests/test_b.py", "tests/test_c.py"]
-  assert gpu_suite.summary(_XDIST, modules, cut=True) == [
+  assert suite.summary(_XDIST, modules, cut=True) == [
       "3 of 5 tests ran: 1 passed, 1 skipped, 1 failed, 0 errors",
       "FAILED: tests/test_a.py::test_two[python]",
       "cut by the budget; modules not reached: tests/test_c.py"]
@@ -395,7 +394,7 @@ def test_test_output_is_read_with_and_without_xdist():
 
 # --- The targets -------------------------------------------------------------
 
-# Excerpts of what tools.gpu_check measured on an H200 (docs/gpu.md).
+# Excerpts of what tools.gpu.check measured on an H200 (docs/gpu.md).
 _TIMINGS = [("scan step, no tap", 9.422, "µs"),
             ("+ id_tap every step (native)", 18.516, "µs"),
             ("~1 ms step (12 products of 2048x2048): no tap, no barrier",
@@ -419,7 +418,7 @@ _HARDWARE = ["CUDA per step: kernel only: 4.38 us",
 
 
 def test_gpu_targets_are_judged_from_the_figures():
-  checks = gpu_targets.target_checks(_TIMINGS, _BENCH, _HARDWARE)
+  checks = targets.target_checks(_TIMINGS, _BENCH, _HARDWARE)
   assert [(name.split(": ")[1], ok) for name, ok, _ in checks] == [
       ("tap per scan step <= 5 µs over the step", False),
       ("jitted step with one tap <= 1.3x the step", False),
@@ -435,5 +434,5 @@ def test_gpu_targets_are_judged_from_the_figures():
   assert details[3] == "1.50x (7.31 against 4.87 ms)"
   assert details[5] == "2.48x (0.52 against 0.21 ms)"
   # Without the hardware's figures the copy targets fail, saying why.
-  missing = gpu_targets.target_checks(_TIMINGS, _BENCH, [])
+  missing = targets.target_checks(_TIMINGS, _BENCH, [])
   assert [detail for _, _, detail in missing][3:5] == ["not measured"] * 2

@@ -1,7 +1,7 @@
 """Steps with taps and calls loaded from JAX's persistent compilation cache in
 a fresh process work as when they were compiled: the host functions run,
 in order, with their values. Runs on the default backend (a GPU where it is
-one: `python -m tools.gpu_check` runs it there)."""
+one: `python -m tools.gpu.check` runs it there)."""
 
 import pytest
 

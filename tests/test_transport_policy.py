@@ -55,7 +55,7 @@ def test_every_combination_follows_the_table(facts):
 
 
 def test_cuda_stays_on_the_python_transport_until_validated():
-  assert not transport_policy.CUDA_NATIVE_VALIDATED  # until tools.gpu_check
+  assert not transport_policy.CUDA_NATIVE_VALIDATED  # until tools.gpu.check
 
 
 @pytest.mark.parametrize("setting", ["auto", "native", "python"])

@@ -7,7 +7,7 @@ and the demo. The decision weighs, in this order:
 1. the setting `jax_host_callback_transport` ('auto', 'native', 'python');
 2. whether the native module was built (`transport_native.available`);
 3. on CUDA, for 'auto', whether its native part has passed
-   `python -m tools.gpu_check` on a real GPU (`CUDA_NATIVE_VALIDATED`);
+   `python -m tools.gpu.check` on a real GPU (`CUDA_NATIVE_VALIDATED`);
 4. whether XLA took the native handlers for the platform
    (`native_handlers.accepted`, which registers them and warns once where
    XLA refuses them).
@@ -30,7 +30,7 @@ from .. import settings
 from ..receiver import transport_native
 
 # Whether the native transport's CUDA part (receiver/native/ffi_cuda.cc) has
-# passed `python -m tools.gpu_check` on a real GPU. Until it has, `auto`
+# passed `python -m tools.gpu.check` on a real GPU. Until it has, `auto`
 # keeps JAX's callbacks (the Python transport) on CUDA, and 'native' selects
 # it explicitly.
 CUDA_NATIVE_VALIDATED = False

@@ -1,9 +1,9 @@
-"""Timings that `tools.gpu_check` reports beside `tools.bench`'s rows, on the
+"""Timings that `tools.gpu.check` reports beside `tools.bench`'s rows, on the
 default backend (a GPU's are the ones of interest):
 
-    python -m tools.gpu_timings                 # every case, in this process
-    python -m tools.gpu_timings --case NAME     # one case (CASES)
-    python -m tools.gpu_timings --list          # the cases' names
+    python -m tools.gpu.timings                 # every case, in this process
+    python -m tools.gpu.timings --case NAME     # one case (CASES)
+    python -m tools.gpu.timings --list          # the cases' names
 
 - per step of a scan of tiny steps: no tap, a tap per step on each
   transport, a tap every 1000th step behind a `lax.cond`, and
@@ -24,7 +24,7 @@ default backend (a GPU's are the ones of interest):
   and `jax.pure_callback` (needs CuPy; no rows without it).
 
 Each row is (name, value, unit), printed as `format_row` writes it;
-medians of a few runs. `tools.gpu_check` runs each case in a fresh process
+medians of a few runs. `tools.gpu.check` runs each case in a fresh process
 (`--case`): a process that ran other work before (a soak, other rows)
 measured a scan step several times slower on an H200.
 """
@@ -46,7 +46,7 @@ from host_callback import _jax_adapter as adapter
 from host_callback import settings
 from host_callback.tqdm import scan_tqdm
 
-from . import bench_barrier
+from tools.bench.barrier_scenarios import loop_times
 
 Row = Tuple[str, float, str]
 TRANSPORTS = ("native", "python")
@@ -163,7 +163,8 @@ def training_rows(steps: int = 300) -> List[Row]:
   """ms per step of a loop of a ~1 ms step from Python: without a tap
   (and waiting for nothing, or for each step's output), and with a tap of
   the loss and `barrier_wait()` after every step on each transport
-  (`bench_barrier.loop_times`: the loops take turns, medians)."""
+  (`tools.bench.barrier_scenarios.loop_times`: the loops take turns,
+  medians)."""
   size = 256 if jax.default_backend() == "cpu" else 2048
   x = jnp.ones((size, size), jnp.float32)
   one = _step_of(size, 1, False)
@@ -183,8 +184,8 @@ def training_rows(steps: int = 300) -> List[Row]:
   for transport in TRANSPORTS:
     loops[f"tap + barrier_wait() every step ({transport})"] = (
         _on(transport, tapped), lambda y: hcb.barrier_wait())
-  bench_barrier.loop_times(x, 20, 1, loops)  # compiles
-  times = bench_barrier.loop_times(x, steps, 1, loops)
+  loop_times(x, 20, 1, loops)  # compiles
+  times = loop_times(x, steps, 1, loops)
   return [(f"~1 ms step ({products} products of {size}x{size}): {name}",
            value, "ms") for name, value in times.items()]
 
@@ -208,7 +209,8 @@ def _lowered_without_host_callbacks() -> Iterator[None]:
 def host_callback_rows(steps: int = 2000) -> List[Row]:
   """µs per call of a small jitted step from a Python loop: no tap, one
   native tap, and one native tap in an executable without host callbacks
-  (`bench_barrier.loop_times`: the loops take turns, medians)."""
+  (`tools.bench.barrier_scenarios.loop_times`: the loops take turns,
+  medians)."""
   x = jnp.ones((16, 16), jnp.float32)
   # Each loop pays for the same `with` of the transport.
   loops = {"no tap": _on("native", _step_of(16, 1, False)),
@@ -217,7 +219,7 @@ def host_callback_rows(steps: int = 2000) -> List[Row]:
     bare = loops["one native tap, executable without host callbacks"] = (
         _on("native", _step_of(16, 1, True)))
     bare(x)  # compiles without them
-  times = bench_barrier.loop_times(
+  times = loop_times(
       x, steps, 1, {name: (step, _noop) for name, step in loops.items()})
   return [(f"jitted 16x16 step from a Python loop: {name}", 1e3 * value,
            "µs") for name, value in times.items()]

@@ -1,30 +1,30 @@
 """Validates host_callback's native CUDA transport on a GPU, in one command:
 
-    python -m tools.gpu_check --workers 12     # writes gpu_check_report.md
-    python -m tools.gpu_check --dry-run        # prints the plan; no GPU needed
-    python -m tools.gpu_check --only gpu-tests,suite --suite-seconds 300
-    python -m tools.gpu_check --skip suite --report PATH
-    python -m tools.gpu_check --hardware DIR   # tap_limit.cu, tap_signal.cu
-                                               # from DIR (tools/gpu_hardware)
+    python -m tools.gpu.check --workers 12     # writes gpu_check_report.md
+    python -m tools.gpu.check --dry-run        # prints the plan; no GPU needed
+    python -m tools.gpu.check --only gpu-tests,suite --suite-seconds 300
+    python -m tools.gpu.check --skip suite --report PATH
+    python -m tools.gpu.check --hardware DIR   # tap_limit.cu, tap_signal.cu
+                                               # from DIR (tools/gpu/hardware)
 
 On a GPU machine without network where JAX's CUDA plugin is installed:
 `pip install --no-index --no-deps --no-build-isolation -e .`, then
-`XLA_PYTHON_CLIENT_PREALLOCATE=false python -m tools.gpu_check --workers 12`
+`XLA_PYTHON_CLIENT_PREALLOCATE=false python -m tools.gpu.check --workers 12`
 (`--workers` needs pytest-xdist). The whole run ends within
-`--budget-seconds` (BUDGET_SECONDS of tools/gpu_plan.py), report included.
+`--budget-seconds` (BUDGET_SECONDS of tools/gpu/plan.py), report included.
 
-The steps (tools/gpu_plan.py, `--dry-run` prints them with their
+The steps (tools/gpu/plan.py, `--dry-run` prints them with their
 timeouts): the CUDA runtime's functions are found; then, each on a quiet
 machine (checked: its CPUs and GPU idle) and in a fresh process, the
-hardware's own figures (tools/gpu_hardware, built with nvcc), each case of
-tools/gpu_timings.py, `tools.bench`'s GPU rows; then whether JAX can
+hardware's own figures (tools/gpu/hardware, built with nvcc), each case of
+tools/gpu/timings.py, `tools.bench`'s GPU rows; then whether JAX can
 compile while a host function blocks a launch
-(tools/gpu_compile_during_call.py); the GPU tests; the rest of the suite
+(tools/gpu/compile_during_call.py); the GPU tests; the rest of the suite
 with the GPU as the default backend, cut where its time ends; a short soak
 of 4 threads of taps last. Tests that need a package of the [test] extra
 that is missing here are left out, with a line that names it
-(tools/gpu_suite.py). Finally the speed targets of docs/gpu.md are judged
-from the figures (tools/gpu_targets.py).
+(tools/gpu/suite.py). Finally the speed targets of docs/gpu.md are judged
+from the figures (tools/gpu/targets.py).
 
 Each check is printed as it ends, and the report (rewritten after each
 step, so that a run cut short leaves what it found) says PASS, FAIL or CUT
@@ -49,15 +49,15 @@ import sys
 import time
 from typing import Callable, Dict, List, Optional, Sequence, Set, Tuple
 
-from . import gpu_hardware, gpu_plan, gpu_suite, gpu_targets, gpu_timings
+from . import hardware, plan, suite, targets, timings
 
-ROOT = gpu_suite.ROOT
+ROOT = suite.ROOT
 NO_GPU, INCOMPLETE = 2, 3
 GRACE_SECONDS = 5.0        # from Ctrl-C to a kill, within a step's timeout
 QUIET_WAIT_SECONDS = 20.0  # the most a measuring step waits for quiet
 QUIET_CPU, QUIET_GPU = 0.10, 10.0  # busy fraction of all CPUs; GPU %
 
-Check = gpu_targets.Check  # (name, passed, detail)
+Check = targets.Check  # (name, passed, detail)
 
 
 @dataclasses.dataclass
@@ -76,7 +76,7 @@ class Findings:
   budget: float
   checks: List[Check] = dataclasses.field(default_factory=list)
   cut: Set[str] = dataclasses.field(default_factory=set)  # checks' names
-  rows: List[gpu_timings.Row] = dataclasses.field(default_factory=list)
+  rows: List[timings.Row] = dataclasses.field(default_factory=list)
   bench: str = ""
   blocked: str = ""
   hardware: List[str] = dataclasses.field(default_factory=list)
@@ -195,8 +195,8 @@ def _record_hardware(findings: Findings, outcome: Outcome) -> bool:
 
 
 def _record_timings(findings: Findings, outcome: Outcome) -> bool:
-  rows = [row for row in map(gpu_timings.parse_row,
-                             outcome.stdout.splitlines()) if row]
+  rows = [row for row in map(timings.parse_row,
+                         outcome.stdout.splitlines()) if row]
   findings.rows += rows
   return outcome.returncode == 0 and bool(rows)
 
@@ -237,11 +237,11 @@ class Runner:
     self.missing = missing
     self.deadline = deadline
 
-  def run(self, steps: Sequence[gpu_plan.Step]) -> None:
+  def run(self, steps: Sequence[plan.Step]) -> None:
     """Runs `steps` in order, each with the timeout the budget gives it."""
     for index, step in enumerate(steps):
       left = self.deadline - time.monotonic()
-      timeout = gpu_plan.timeout_for(steps, index, left)
+      timeout = plan.timeout_for(steps, index, left)
       if not timeout:
         self.add((step.name, False, f"cut by the budget: {left:.0f} s "
                    "left, kept for the reserved steps and the report"),
@@ -256,7 +256,7 @@ class Runner:
                  "; ".join(self.findings.noisy) or _all_quiet(
                      self.findings.quiet_seen)))
 
-  def _wait_until_quiet(self, step: gpu_plan.Step, timeout: float) -> float:
+  def _wait_until_quiet(self, step: plan.Step, timeout: float) -> float:
     """Waits for a quiet machine before `step`; returns the seconds
     waited."""
     start = time.monotonic()
@@ -268,7 +268,7 @@ class Runner:
       self.findings.noisy.append(f"{step.name}: {figures} after {waited:.0f} s")
     return waited
 
-  def _record(self, step: gpu_plan.Step, outcome: Outcome,
+  def _record(self, step: plan.Step, outcome: Outcome,
               timeout: float) -> None:
     if step.group in TEST_GROUPS:
       passed = self._record_tests(step, outcome)
@@ -285,13 +285,13 @@ class Runner:
     self.add((step.name, passed, _detail(outcome, timeout)),
               cut=cut and not failures)
 
-  def _record_tests(self, step: gpu_plan.Step, outcome: Outcome) -> bool:
+  def _record_tests(self, step: plan.Step, outcome: Outcome) -> bool:
     with open(self.report_path + ".suite.log", "a", encoding="utf-8") as log:
       log.write(f"$ {' '.join(step.command)}\n{outcome.stdout}\n"
                 f"{outcome.stderr}\n")
-    modules = (list(gpu_suite.GPU_TESTS) if step.group == "gpu-tests"
-               else gpu_suite.suite_modules(self.missing))
-    self.findings.tests[step.name] = gpu_suite.summary(
+    modules = (list(suite.GPU_TESTS) if step.group == "gpu-tests"
+               else suite.suite_modules(self.missing))
+    self.findings.tests[step.name] = suite.summary(
         outcome.stdout, modules, cut=outcome.returncode is None)
     return outcome.returncode == 0
 
@@ -329,17 +329,17 @@ def report(findings: Findings) -> str:
   lines += [f"- {line}" for line in findings.left_out] or ["- nothing"]
   for name, summary in findings.tests.items():
     lines += ["", f"{name}:", ""] + [f"- {line}" for line in summary]
-  lines += ["", "Timings (`python -m tools.gpu_timings`, each case in a "
+  lines += ["", "Timings (`python -m tools.gpu.timings`, each case in a "
             "fresh process):", "", "| row | value |", "| --- | --- |"]
   lines += [f"| {name} | {value:.3f} {unit} |"
             for name, value, unit in findings.rows]
   lines += ["", "`python -m tools.bench --quick` (GPU_BENCH_ROWS):", "",
             findings.bench.strip() or "(not run)"]
   lines += ["", "Another thread's JAX work while a host function blocks a "
-            "launch (`python -m tools.gpu_compile_during_call`):", ""]
+            "launch (`python -m tools.gpu.compile_during_call`):", ""]
   lines += ([f"    {line}" for line in findings.blocked.splitlines()]
             or ["    (not run)"])
-  lines += ["", "Hardware (tools/gpu_hardware, CUDA C++, same machine):", ""]
+  lines += ["", "Hardware (tools/gpu/hardware, CUDA C++, same machine):", ""]
   lines += ([f"    {line}" for line in findings.hardware]
             or [f"    ({findings.hardware_note})"])
   return "\n".join(lines) + "\n"
@@ -356,18 +356,18 @@ def parse_args(argv: Optional[Sequence[str]]) -> argparse.Namespace:
   parser = argparse.ArgumentParser(
       description=__doc__.splitlines()[0],
       epilog="groups: " + "; ".join(f"{group}: {what}" for group, what
-                                    in gpu_plan.GROUPS.items()))
+                                    in plan.GROUPS.items()))
   parser.add_argument("--report", default="gpu_check_report.md")
   parser.add_argument("--workers", type=int, default=1,
                       help="run the tests in this many processes")
   parser.add_argument("--budget-seconds", type=float,
-                      default=gpu_plan.BUDGET_SECONDS,
+                      default=plan.BUDGET_SECONDS,
                       help="the whole run's time, report included")
   parser.add_argument("--suite-seconds", type=float,
-                      default=gpu_plan.SUITE_SECONDS,
+                      default=plan.SUITE_SECONDS,
                       help="the most the suite may take (less where the "
                            "budget ends first)")
-  parser.add_argument("--hardware", default=gpu_hardware.HERE,
+  parser.add_argument("--hardware", default=hardware.HERE,
                       help="the folder of the CUDA programs tap_limit.cu "
                            "and tap_signal.cu")
   parser.add_argument("--only", type=_groups,
@@ -381,29 +381,29 @@ def parse_args(argv: Optional[Sequence[str]]) -> argparse.Namespace:
 
 def _groups(text: str) -> List[str]:
   groups = [group for group in text.split(",") if group]
-  unknown = set(groups) - set(gpu_plan.GROUPS)
+  unknown = set(groups) - set(plan.GROUPS)
   if unknown:
     raise argparse.ArgumentTypeError(
         f"unknown group(s) {', '.join(sorted(unknown))}; the groups are "
-        f"{', '.join(gpu_plan.GROUPS)}")
+        f"{', '.join(plan.GROUPS)}")
   return groups
 
 
 def steps_of(args: argparse.Namespace, missing: Set[str]
-             ) -> List[gpu_plan.Step]:
+             ) -> List[plan.Step]:
   """The plan's steps that `args` selects."""
-  options = gpu_plan.Options(
+  options = plan.Options(
       python=sys.executable, workers=args.workers,
       suite_seconds=args.suite_seconds, hardware=args.hardware,
-      missing=frozenset(missing), timing_cases=tuple(gpu_timings.CASES))
-  return gpu_plan.select(gpu_plan.plan(options), args.only, args.skip)
+      missing=frozenset(missing), timing_cases=tuple(timings.CASES))
+  return plan.select(plan.plan(options), args.only, args.skip)
 
 
 def no_gpu(why: str, report_path: str) -> int:
   """Says that nothing was validated; returns NO_GPU."""
   message = ("gpu_check: no GPU: JAX has no CUDA backend here "
              f"({why}). Nothing was validated; run `python -m "
-             "tools.gpu_check` on a machine with an NVIDIA GPU and "
+             "tools.gpu.check` on a machine with an NVIDIA GPU and "
              "jax[cuda12] (or cuda13) installed.")
   print(message)
   with open(report_path, "w", encoding="utf-8") as out:
@@ -414,13 +414,13 @@ def no_gpu(why: str, report_path: str) -> int:
 def main(argv: Optional[Sequence[str]] = None) -> int:
   started = time.monotonic()
   args = parse_args(argv)
-  missing = gpu_suite.missing_packages()
-  left_out = gpu_suite.leave_out_lines(missing)
+  missing = suite.missing_packages()
+  left_out = suite.leave_out_lines(missing)
   steps = steps_of(args, missing)
   for line in left_out:
     print(f"gpu_check: {line}", flush=True)
   if args.dry_run:
-    print("\n".join(gpu_plan.describe(steps, args.budget_seconds)))
+    print("\n".join(plan.describe(steps, args.budget_seconds)))
     return 0
   # This process and the checks' share the GPU: none takes most of its
   # memory up front (JAX's default).
@@ -436,8 +436,8 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
                   started + args.budget_seconds)
   runner.run(steps)
   if any(step.measures for step in steps):
-    for target in gpu_targets.target_checks(findings.rows, findings.bench,
-                                            findings.hardware):
+    for target in targets.target_checks(findings.rows, findings.bench,
+                                        findings.hardware):
       runner.add(target)
   print(report(findings))
   print(f"gpu_check: report written to {args.report}")

@@ -2,7 +2,7 @@
 for the same device? Prints one line per case, on the default backend (a
 GPU's answer is the one of interest):
 
-    python -m tools.gpu_compile_during_call [--wait SECONDS] [--own-only]
+    python -m tools.gpu.compile_during_call [--wait SECONDS] [--own-only]
 
 Each case runs in a process of its own, AT_A_TIME at a time: a jitted
 `call` (native or python transport) or `jax.pure_callback` whose host
@@ -20,9 +20,9 @@ Two more cases per transport ask what a user meets: the call's host
 function compiles and runs a new function itself ("own"), and a tap just
 before the call does ("tap before"; the call waits for that tap). "ok"
 means the computation finished; "HUNG" that it outlived the wait, with
-every thread's native stack (gdb or cuda-gdb, `tools/native_stacks.py`,
+every thread's native stack (gdb or cuda-gdb, `tools/gpu/native_stacks.py`,
 grouped; `--stacks FOLDER` keeps each whole) and Python stack
-(`tools/hung_cases.py`). The "own" case also runs with `pure_callback` and
+(`tools/gpu/hung_cases.py`). The "own" case also runs with `pure_callback` and
 `io_callback` (unordered and ordered): on an H200 (jax 0.11.2) it hung on
 both our transports and not with JAX's callbacks (docs/gpu.md); and with
 `pure_callback` and ordered `io_callback` after our taps and calls ran on
@@ -41,7 +41,7 @@ import sys
 import threading
 import time
 
-from tools import hung_cases
+from . import hung_cases
 
 CALLS = ("native", "python", "pure_callback")
 WORK = ("compile_run", "run", "compile", "put", "cpu")

@@ -1,13 +1,13 @@
 """Checks an installation: a tap and a call on the native transport, in the
 synchronous mode and in the outfeed mode, each in a fresh interpreter.
 
-    python -m tools.smoke      (or: python PATH/tools/smoke.py)
+    python -m host_callback.smoke
 
-The children never import the checkout's `host_callback` (`python -P`):
+The children never import a checkout's `host_callback` (`python -P`):
 they check the installed package, e.g. a wheel (CI's wheel check in
 `.ci/run`). Prints one line per mode and exits non-zero if anything differs
 from what is expected (the native module missing, the Python transport
-chosen, a wrong value).
+chosen, a wrong value). This module imports only the standard library.
 """
 
 from __future__ import annotations

@@ -1,4 +1,4 @@
-"""What `tools.gpu_check` runs, in which order, and how long each step may
+"""What `tools.gpu.check` runs, in which order, and how long each step may
 take within the run's budget. Pure data and arithmetic: nothing here runs.
 
 The order puts what measures first, on a quiet machine, each timing case in
@@ -21,7 +21,8 @@ import os
 import shlex
 from typing import Dict, List, Optional, Sequence, Tuple
 
-from . import gpu_hardware, gpu_suite
+from . import suite
+from .hardware import HERE as HARDWARE
 
 BUDGET_SECONDS = 340.0   # the whole run, report included
 SUITE_SECONDS = 90.0     # the suite's cap (it gets less where the budget ends)
@@ -36,15 +37,11 @@ COMPILE_AT_A_TIME = 26
 # them grouped).
 COMPILE_STACKS = "gpu_compile_stacks"
 
-# tools.bench's rows that the GPU targets name: a jitted step with one tap
-# or call from a Python loop, a tap and a call per step of a scan, a 256 MiB
-# tap and call round trip.
-GPU_BENCH_ROWS = (
-    r"^(jitted step with one (tap|call x\+1), per call from a Python loop"
-    r"|tap f32 scalar, per step of a [0-9]+-step scan \(until drained\)"
-    r"|call x\+1, per step of a [0-9]+-step scan"
-    r"|large tap of 256 MiB \S+, until the host function ran"
-    r"|large call round trip of 256 MiB \S+, identity(, copy=False)?)$")
+# tools.bench's scenarios (by id) that the GPU targets name: a jitted step
+# with one tap or call from a Python loop, a tap and a call per step of a
+# scan, a 256 MiB tap and call round trip.
+GPU_BENCH_ROWS = (r"^(step-(tap|call)|scan-(tap-drained|call)"
+                  r"|large-tap-256mib|large-call-256mib(-nocopy)?)$")
 
 
 @dataclasses.dataclass(frozen=True)
@@ -66,7 +63,7 @@ class Options:
   python: str
   workers: int = 1
   suite_seconds: float = SUITE_SECONDS
-  hardware: str = gpu_hardware.HERE
+  hardware: str = HARDWARE
   missing: frozenset = frozenset()   # packages of NEEDS not installed
   timing_cases: Tuple[str, ...] = ()
 
@@ -78,11 +75,11 @@ def _module(python: str, name: str, *args: str) -> Tuple[str, ...]:
 def _measuring_steps(options: Options) -> List[Step]:
   """The steps that time something, in their order."""
   python = options.python
-  steps = [Step("hardware", "hardware figures (tools.gpu_hardware)",
-                _module(python, "tools.gpu_hardware", "--programs",
+  steps = [Step("hardware", "hardware figures (tools.gpu.hardware)",
+                _module(python, "tools.gpu.hardware", "--programs",
                         options.hardware), 90, 15, measures=True)]
   steps += [Step("timings", f"timing case {case} (fresh process)",
-                 _module(python, "tools.gpu_timings", "--case", case), 40, 8,
+                 _module(python, "tools.gpu.timings", "--case", case), 40, 8,
                  measures=True) for case in options.timing_cases]
   steps.append(Step("bench", "tools.bench GPU rows",
                     _module(python, "tools.bench", "--quick", "--only",
@@ -93,15 +90,15 @@ def _measuring_steps(options: Options) -> List[Step]:
 def _test_steps(options: Options) -> List[Step]:
   """The GPU tests and the suite without them."""
   python, missing = options.python, set(options.missing)
-  gpu_tests = gpu_suite.pytest_command(python, gpu_suite.GPU_TESTS,
-                                       options.workers, missing)
-  suite = gpu_suite.pytest_command(
-      python, gpu_suite.suite_paths(missing), options.workers, missing,
-      ignore=gpu_suite.GPU_TESTS)
-  return [Step("gpu-tests", f"GPU tests ({', '.join(gpu_suite.GPU_TESTS)})",
+  gpu_tests = suite.pytest_command(python, suite.GPU_TESTS,
+                                   options.workers, missing)
+  rest = suite.pytest_command(
+      python, suite.suite_paths(missing), options.workers, missing,
+      ignore=suite.GPU_TESTS)
+  return [Step("gpu-tests", f"GPU tests ({', '.join(suite.GPU_TESTS)})",
                tuple(gpu_tests), 150, 40),
           # All of it took 219 s in 12 processes on an H200.
-          Step("suite", "suite, GPU default backend", tuple(suite),
+          Step("suite", "suite, GPU default backend", tuple(rest),
                options.suite_seconds, 220)]
 
 
@@ -112,8 +109,8 @@ def plan(options: Options) -> List[Step]:
       python, "-c", "from host_callback.receiver import native_library as n; "
       "n.load_cuda_runtime()"), 60, 5)
   compile_cases = Step(
-      "compile", "compiling during a call (tools.gpu_compile_during_call)",
-      _module(python, "tools.gpu_compile_during_call", "--wait",
+      "compile", "compiling during a call (tools.gpu.compile_during_call)",
+      _module(python, "tools.gpu.compile_during_call", "--wait",
               str(COMPILE_WAIT_SECONDS), "--at-a-time",
               str(COMPILE_AT_A_TIME), "--stacks", COMPILE_STACKS), 75, 40,
       reserved=True)
@@ -129,11 +126,11 @@ def plan(options: Options) -> List[Step]:
 # Each group of steps, in their order, and what it runs.
 GROUPS: Dict[str, str] = {
     "runtime": "the CUDA runtime's functions are found",
-    "hardware": "the CUDA programs of tools/gpu_hardware",
-    "timings": "tools.gpu_timings, each case in a fresh process",
+    "hardware": "the CUDA programs of tools/gpu/hardware",
+    "timings": "tools.gpu.timings, each case in a fresh process",
     "bench": "tools.bench's rows that the targets name",
-    "compile": "tools.gpu_compile_during_call",
-    "gpu-tests": ", ".join(gpu_suite.GPU_TESTS),
+    "compile": "tools.gpu.compile_during_call",
+    "gpu-tests": ", ".join(suite.GPU_TESTS),
     "suite": "the rest of the suite, cut at its cap",
     "soak": "tools.soak, 4 threads on the native transport"}
 

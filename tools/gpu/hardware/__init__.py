@@ -1,6 +1,6 @@
 """The hardware's own figures for a GPU tap: the CUDA programs of this
-folder (README.md), built with nvcc and run. `python -m tools.gpu_hardware`
-prints their lines; `tools.gpu_check` runs it as one of its steps.
+folder (README.md), built with nvcc and run. `python -m tools.gpu.hardware`
+prints their lines; `tools.gpu.check` runs it as one of its steps.
 """
 
 from __future__ import annotations

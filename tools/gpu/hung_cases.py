@@ -2,8 +2,8 @@
 prints each case's line as it ends. A case hangs when Python's
 faulthandler dumps its stacks (`faulthandler.dump_traceback_later`, which
 lets it run on): its threads' native stacks are then taken
-(`tools/native_stacks.py`) before it is killed, and its line shows them
-beside its Python stacks. Used by `tools/gpu_compile_during_call.py`.
+(`tools/gpu/native_stacks.py`) before it is killed, and its line shows them
+beside its Python stacks. Used by `tools/gpu/compile_during_call.py`.
 """
 
 from __future__ import annotations
@@ -16,7 +16,7 @@ import threading
 import time
 from typing import Dict, Iterator, List, Optional, Sequence
 
-from tools import native_stacks
+from . import native_stacks
 
 # What a batch gives its hung cases' debuggers after its own limit.
 DUMP_SECONDS = 20.0

@@ -1,4 +1,4 @@
-"""The test suite as `tools.gpu_check` runs it on a GPU machine: which tests
+"""The test suite as `tools.gpu.check` runs it on a GPU machine: which tests
 it leaves out where a package of the [test] extra is missing, the pytest
 commands, and what a (maybe cut) run's output says.
 """
@@ -10,7 +10,9 @@ import os
 import re
 from typing import Callable, Dict, Iterable, List, Sequence, Set, Tuple
 
-ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+# The repository root, two folders above this file.
+ROOT = os.path.dirname(os.path.dirname(os.path.dirname(
+    os.path.abspath(__file__))))
 TESTS = "tests"
 
 # The tests that need a package of the [test] extra (its import name) and

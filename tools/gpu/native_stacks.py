@@ -3,7 +3,7 @@ the call or lock each thread waits in, where Python's faulthandler shows
 only Python frames. Taken by gdb, or by the CUDA toolkit's cuda-gdb (the
 GPU machines have it in place of gdb):
 
-    python -m tools.native_stacks PID
+    python -m tools.gpu.native_stacks PID
 
 prints the threads grouped by their top frames (`summary`); `dump` gives
 gdb's whole output.

@@ -1,7 +1,7 @@
 """The GPU speed targets of the native transport (docs/gpu.md), judged from
-what `tools.gpu_check` measured: its timing rows (tools/gpu_timings.py),
+what `tools.gpu.check` measured: its timing rows (tools/gpu/timings.py),
 `tools.bench`'s GPU rows (a markdown table) and the hardware programs'
-lines (tools/gpu_hardware). Each target is a check, PASS or FAIL, whose detail
+lines (tools/gpu/hardware). Each target is a check, PASS or FAIL, whose detail
 gives the figures; a target whose figures are missing fails, saying which.
 """
 
@@ -10,8 +10,8 @@ from __future__ import annotations
 import re
 from typing import Callable, Dict, List, Optional, Sequence, Tuple
 
-Check = Tuple[str, bool, str]  # as tools/gpu_check.py's
-Row = Tuple[str, float, str]   # as tools/gpu_timings.py's
+Check = Tuple[str, bool, str]  # as tools/gpu/check.py's
+Row = Tuple[str, float, str]   # as tools/gpu/timings.py's
 NATIVE = "hcb[native]"
 
 
@@ -69,7 +69,7 @@ def _judge(name: str, figures: Sequence[Optional[float]],
 def target_checks(rows: Sequence[Row], bench: str,
                   hardware: Sequence[str]) -> List[Check]:
   """One check per speed target of docs/gpu.md (the soak is a check of its
-  own in tools/gpu_check.py)."""
+  own in tools/gpu/check.py)."""
   table = bench_table(bench)
   copy_ms = pinned_copy_ms(hardware)
   step = _find(table, r"jitted step with one tap, per call from a Python "
