@@ -18,8 +18,8 @@ from .native_library import native
 
 def _fill_slots(cls: type, *values: Any) -> Any:
   """`new_instance` where the native module is not built."""
-  instance = object.__new__(cls)
-  for name, value in zip(cls.__slots__, values, strict=True):
+  instance: Any = object.__new__(cls)
+  for name, value in zip(getattr(cls, "__slots__"), values, strict=True):
     object.__setattr__(instance, name, value)
   return instance
 

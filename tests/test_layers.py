@@ -189,15 +189,15 @@ def test_no_runs_of_blank_lines():
 def test_the_loop_lens_taps_through_the_one_internal_entry():
   """host_callback/loops/ makes no host function and binds no primitive
   itself: its taps go through `api.consumer_tap` (in emission.py alone),
-  and outside host/, primitive/ and api.py only the barrier's markers
-  make a HostFunction."""
+  the one maker of a host function with `int_operands`; outside host/,
+  primitive/ and api.py only the barrier's markers make a HostFunction."""
   for module, deps in _imports().items():
     if module.split(".")[0] == "loops":
       back_doors = [d for d in deps if d.split(".")[0] == "primitive"
                     or d in ("host.host_functions", "host.host_side",
                              "receiver.native_library")]
       assert back_doors == [], (module, back_doors)
-  makers, entries = set(), set()
+  makers, entries, int_setters = set(), set(), set()
   for path in PACKAGE.rglob("*.py"):
     text = path.read_text()
     where = str(path.relative_to(PACKAGE))
@@ -205,10 +205,14 @@ def test_the_loop_lens_taps_through_the_one_internal_entry():
       makers.add(where)
     if re.search(r"\bconsumer_tap\(", text):
       entries.add(where)
+    if re.search(r"\bint_operands=", text):
+      int_setters.add(where)
   assert {m for m in makers
           if not m.startswith(("host/", "primitive/"))} == {
               "api.py", "barrier/barrier.py"}
   assert entries == {"api.py", "loops/emission.py"}
+  # api.consumer_tap alone makes a host function with int_operands.
+  assert int_setters == {"api.py", "loops/emission.py"}
 
 
 def test_the_loop_lens_uses_consumer_tap(monkeypatch):

@@ -110,9 +110,9 @@ def host_side(path: str, total: Optional[int], kind: str, treedef: Any,
   when the site is traced. It is a consumer (see `api.consumer_tap`),
   called as `consume(arrays, device_id)` for every event, with
   `transforms=` under `vmap`: the device comes as its number, with no
-  keyword argument to build. `arrays` is `[step,
-  *leaves]`, the step a Python int (an array where `vmap` batched it); a
-  step of INACTIVE makes no event."""
+  keyword argument to build. `arrays` is `[step, *leaves]`, the step a
+  Python int (an array where `vmap` batched it); a step of INACTIVE makes
+  no event."""
   event = site_events(path, total, kind)
   devices: Dict[int, Any] = {}  # by number
   value_of = _value_builder(treedef)
