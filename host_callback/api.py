@@ -8,7 +8,8 @@ import inspect
 import operator
 import types
 import warnings
-from typing import Any, Callable, Dict, Optional, TextIO, Tuple
+from typing import (Any, Callable, Dict, Optional, Sequence, TextIO,
+                    Tuple)
 
 import jax
 import numpy as np
@@ -256,6 +257,42 @@ def id_tap(tap_func: Callable[..., Any], arg: Any, *, result: Any = None,
   for i, value in zip(tied, out[len(arg_leaves):]):
     result_leaves[i] = value
   return jax.tree_util.tree_unflatten(result_treedef, result_leaves)
+
+
+def consumer_tap(consume: Callable[..., None], operands: Sequence[Any], *,
+                 context: Callable[[], str], int_operands: Tuple[int, ...] = (),
+                 partitioned: bool = False) -> None:
+  """Internal, not part of the public API: a tap of `operands` whose host
+  function is `consume`, a consumer, for the package's own instruments
+  (`host_callback.loops` taps every loop step through it alone).
+
+  It is `id_tap` without the user-facing layer: no signature check, no
+  tree to rebuild on the host. It guarantees what `id_tap` does of order
+  and delivery (the same primitive, so the same ordering token, modes,
+  transports and transformations), and that on the host:
+
+  - `consume(arrays, device_id)` runs for every tap that executed, with
+    `transforms=` (the entries `id_tap`'s function gets) only where there
+    are any: `arrays` are the operands in order, the device comes as its
+    number (`device_numbers.device_by_number`);
+  - each operand at a position in `int_operands` that is an int32 scalar
+    when lowered comes as a Python int, on every transport and path; the
+    others, and a named one that is not an int32 scalar (e.g. batched by
+    `vmap`), are NumPy arrays;
+  - an exception of `consume` is reported as a tap function's is, named by
+    `context()`.
+
+  Each call makes a host function of its own (compared by identity, not
+  interned): give one `consume` per site. `partitioned` is `id_tap`'s.
+  The arguments are not checked as `id_tap`'s are.
+  """
+  operands = list(operands)
+  function = HostFunction(
+      consume, jax.tree_util.tree_structure(operands), with_device=False,
+      is_call=False, partitioned=partitioned, consumer_context=context,
+      int_operands=int_operands)
+  primitive.bind(operands, function=function, num_args=len(operands),
+                 device_index=0)
 
 
 def _warn_of_traced_kwargs(kwargs: Dict[str, Any]) -> None:

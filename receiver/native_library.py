@@ -15,7 +15,7 @@ from __future__ import annotations
 
 import os
 from types import ModuleType
-from typing import Any, Callable, Dict, Optional, Tuple
+from typing import Any, Dict, Optional, Tuple
 
 ABI_VERSION = 20
 
@@ -99,44 +99,6 @@ def cuda_stats(ordinal: int) -> Dict[str, Any]:
   assert native is not None, "the native transport is not built"
   return dict(zip(("issued", "landed", "in_flight", "events", "failure"),
                   native.cuda_stats(ordinal)))
-
-
-def _fill_slots(cls: type, *values: Any) -> Any:
-  """`new_instance` where the native module is not built."""
-  instance = object.__new__(cls)
-  for name, value in zip(cls.__slots__, values, strict=True):
-    object.__setattr__(instance, name, value)
-  return instance
-
-
-# `new_instance(cls, *values)`: a new instance of `cls`, a class whose
-# instances hold only `__slots__`, its slots set to `values` in the order of
-# `cls.__slots__`, without running `__init__` or `__setattr__`: how a frozen
-# dataclass with slots is made at about the cost of a tuple
-# (`native/python_instances.cc`); its own `__init__` costs several times
-# more. Pure Python where the module is not built.
-new_instance: Callable[..., Any] = (
-    native.new_instance if native is not None else _fill_slots)
-
-
-def _python_feed(cls: type, head: tuple, tail: tuple, devices: dict,
-                 callback: Callable[[Any], Any],
-                 failed: Callable[[Any, Exception], Any],
-                 fallback: Callable[..., Any]) -> Callable[..., Any]:
-  """`instance_feed` where the native module is not built: `fallback`."""
-  del cls, head, tail, devices, callback, failed
-  return fallback
-
-
-# `instance_feed(cls, head, tail, devices, callback, failed, fallback)`: a
-# consumer `feed(arrays, device_id)` that calls `callback(new_instance(cls,
-# *head, step, value, *tail, devices[device_id]))` for `arrays` of a step
-# (an int >= 0) and a value, in C, and `fallback`, the same consumer in
-# Python, for any other call (`native/python_instances.cc`); an Exception
-# from `callback` goes to `failed(callback, error)`. Where the module is not
-# built, `fallback` itself.
-instance_feed: Callable[..., Callable[..., Any]] = (
-    native.instance_feed if native is not None else _python_feed)
 
 
 # Tests only: `native._testing_cuda_standin(path)` installs the CUDA

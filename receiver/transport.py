@@ -64,8 +64,9 @@ def int32_scalar(dtype: np.dtype, shape: Tuple[int, ...]) -> bool:
 def int_flags(int_columns: Sequence[int], dtypes: Sequence[np.dtype],
               shapes: Sequence[Tuple[int, ...]]) -> Tuple[bool, ...]:
   """For each array of a site, whether its consumer gets it as a Python int
-  (`Producer.register_site`'s `int_columns`): a loop tap's step, which
-  costs less as an int than as an array that the consumer converts."""
+  (`Producer.register_site`'s `int_columns`): an int32 scalar that the
+  consumer reads as a number costs less as an int than as an array that it
+  converts."""
   for i in int_columns:
     if not (0 <= i < len(dtypes) and int32_scalar(dtypes[i], shapes[i])):
       raise ValueError(

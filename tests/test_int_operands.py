@@ -1,8 +1,9 @@
-"""A consumer's `int_operands` (`HostFunction`): the int32 scalars it names
-come to it as Python ints on every path a packet takes (the direct run of
-the synchronous mode, a queued packet alone or in a batch of the outfeed
-mode, on each transport); the other operands, and a named one that `vmap`
-batched, stay arrays. A loop tap's step comes so (host_callback.loops)."""
+"""`api.consumer_tap`'s `int_operands`: the int32 scalars it names come to
+the consumer as Python ints on every path a packet takes (the direct run
+of the synchronous mode, a queued packet alone or in a batch of the
+outfeed mode, on each transport); the other operands, and a named one that
+`vmap` batched, stay arrays. A loop tap's step comes so (host_callback.loops);
+the receiver's side of it is a site's `int_columns`."""
 
 import jax
 import jax.numpy as jnp
@@ -10,8 +11,7 @@ import numpy as np
 import pytest
 
 import host_callback as hcb
-from host_callback.host.host_functions import HostFunction
-from host_callback.primitive import primitive
+from host_callback import api
 from host_callback.receiver import native_library
 from host_callback.receiver.transport import int_flags
 
@@ -20,11 +20,8 @@ pytestmark = pytest.mark.usefixtures("both_modes")
 
 def _tap(consume, *operands):
   """Taps `operands` to the consumer `consume`, whose first one is named."""
-  operands = [jnp.asarray(o) for o in operands]
-  primitive.bind(operands, function=HostFunction(
-      consume, jax.tree_util.tree_structure(operands), with_device=False,
-      is_call=False, consumer_context=lambda: "test_int_operands",
-      int_operands=(0,)), num_args=len(operands), device_index=0)
+  api.consumer_tap(consume, [jnp.asarray(o) for o in operands],
+                   context=lambda: "test_int_operands", int_operands=(0,))
 
 
 def _received(got):

@@ -184,3 +184,80 @@ def test_no_runs_of_blank_lines():
           for path in (root / folder).rglob("*.py")
           if "\n\n\n\n" in path.read_text()]
   assert runs == []
+
+
+def test_the_loop_lens_taps_through_the_one_internal_entry():
+  """host_callback/loops/ makes no host function and binds no primitive
+  itself: its taps go through `api.consumer_tap` (in emission.py alone),
+  the one maker of a host function with `int_operands`; outside host/,
+  primitive/ and api.py only the barrier's markers make a HostFunction."""
+  for module, deps in _imports().items():
+    if module.split(".")[0] == "loops":
+      back_doors = [d for d in deps if d.split(".")[0] == "primitive"
+                    or d in ("host.host_functions", "host.host_side",
+                             "receiver.native_library")]
+      assert back_doors == [], (module, back_doors)
+  makers, entries, int_setters = set(), set(), set()
+  for path in PACKAGE.rglob("*.py"):
+    text = path.read_text()
+    where = str(path.relative_to(PACKAGE))
+    if re.search(r"\bHostFunction\(", text):
+      makers.add(where)
+    if re.search(r"\bconsumer_tap\(", text):
+      entries.add(where)
+    if re.search(r"\bint_operands=", text):
+      int_setters.add(where)
+  assert {m for m in makers
+          if not m.startswith(("host/", "primitive/"))} == {
+              "api.py", "barrier/barrier.py"}
+  assert entries == {"api.py", "loops/emission.py"}
+  # api.consumer_tap alone makes a host function with int_operands.
+  assert int_setters == {"api.py", "loops/emission.py"}
+
+
+def test_the_loop_lens_uses_consumer_tap(monkeypatch):
+  """What the lens sends, it sends through `api.consumer_tap`."""
+  import jax  # pylint: disable=import-outside-toplevel
+  import jax.numpy as jnp  # pylint: disable=import-outside-toplevel
+  from host_callback import api  # pylint: disable=import-outside-toplevel
+  from host_callback import loops  # pylint: disable=import-outside-toplevel
+  taps, events = [], []
+  entry = api.consumer_tap
+
+  def counted(consume, operands, **kwargs):
+    taps.append(kwargs["int_operands"])
+    return entry(consume, operands, **kwargs)
+
+  monkeypatch.setattr(api, "consumer_tap", counted)
+  run = loops.verbose(lambda x: jax.lax.scan(
+      lambda c, _: (c + 1.0, None), x, None, length=3)[0],
+      on_step=events.append)
+  assert float(run(jnp.float32(0))) == 3.0
+  api.barrier_wait()
+  assert taps == [(0,)]
+  assert [event.step for event in events] == [0, 1, 2]
+
+
+# What names the loop lens (host_callback/loops/) and its events.
+_LENS_WORDS = re.compile(
+    r"TapEvent|host_callback\.loops|loops/|\blens\b|loop tap|tap's step|"
+    r"\bsite_events\b|\bLensOptions\b", re.IGNORECASE)
+# Names (identifiers) of the lens's vocabulary.
+_LENS_NAMES = re.compile(r"\b\w*(?:Step|step_|_step|Lens|lens_|TapEvent)\w*\b")
+
+
+def test_the_receiver_knows_nothing_of_the_loop_lens():
+  """receiver/ (Python and C++) neither names the loop lens nor its events
+  in code, comments or docstrings: what makes the lens's events there is
+  generic (`receiver/instances.py`), and which arrays come as Python ints
+  is a site's `int_columns`."""
+  receiver = PACKAGE.parent / "receiver"
+  found = []
+  for path in sorted(receiver.rglob("*")):
+    if (path.suffix not in (".py", ".cc", ".h") or
+        "third_party" in path.parts):
+      continue
+    for number, line in enumerate(path.read_text().splitlines(), 1):
+      if _LENS_WORDS.search(line) or _LENS_NAMES.search(line):
+        found.append(f"{path.relative_to(receiver)}:{number}: {line.strip()}")
+  assert found == []

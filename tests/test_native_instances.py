@@ -1,9 +1,9 @@
-"""`native_library.new_instance(cls, *values)`: a slots class's instance with
-its slots set in `__slots__` order and neither `__init__` nor `__setattr__`
-run, as host_callback.loops makes each TapEvent; the native module's and
-the pure-Python fallback's alike. And `instance_feed`, the native consumer
-that makes and delivers the events of a loop's usual taps, with its Python
-fallback for every other call."""
+"""`receiver/instances.py`'s `new_instance(cls, *values)`: a slots class's
+instance with its slots set in `__slots__` order and neither `__init__` nor
+`__setattr__` run, as host_callback.loops makes each TapEvent; the native
+module's and the pure-Python fallback's alike. And `instance_feed`, the
+native consumer that makes and delivers an instance per packet (the events
+of a loop's usual taps), with its Python fallback for every other call."""
 
 import dataclasses
 import gc
@@ -14,7 +14,7 @@ from typing import Any
 import pytest
 
 from host_callback.loops.events import TapEvent
-from host_callback.receiver import native_library
+from host_callback.receiver import instances, native_library
 
 
 @dataclasses.dataclass(frozen=True, slots=True)
@@ -33,7 +33,7 @@ def new_instance(transport):
   under the Python transport's (the conftest runs each test under each)."""
   if transport == "native":
     return native_library.native.new_instance
-  return native_library._fill_slots
+  return instances._fill_slots
 
 
 def test_the_slots_hold_the_values_in_order(new_instance):

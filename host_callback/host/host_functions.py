@@ -91,11 +91,12 @@ class HostFunction:
   GPU's buffers, else None.
   `consumer_context`: set where `func` is a consumer already, which names
   the context of its errors itself (the eager ops' dispatcher, eager.py; a
-  loop tap, loops/emission.py): it is called as `func(arrays, device_id)`,
-  with `transforms=` (as a tap function gets them) where there are any;
-  `int_operands` (for such a consumer): the operands that it gets as Python
-  ints where they are int32 scalars (a loop tap's step; batched by `vmap`,
-  an array).
+  tap of `api.consumer_tap`, the loop lens's): it is called as
+  `func(arrays, device_id)`, with `transforms=` (as a tap function gets
+  them) where there are any; `int_operands` (for such a consumer, set by
+  `api.consumer_tap` alone): the operands that it gets as Python ints where
+  they are int32 scalars (the site's `int_columns`; batched by `vmap`, an
+  array).
   """
   func: Callable[..., Any]
   arg_treedef: Any

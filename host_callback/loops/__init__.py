@@ -10,13 +10,15 @@ drop-in for jax-tap (`import host_callback.loops as tap` where code had
 
 Every step of each `lax.scan` and `lax.while_loop` (at any depth, with a
 stable address such as `scan[0]/while[1]`) sends what `select` keeps of its
-carry with `host_callback.id_tap`, so taps are ordered with the program's
-other taps and calls. The parts, by job: `events` (`TapEvent`),
-`primitive_taps` (`on`, `watch_nan`, `print`), `walker` and
-`loop_rewrites` (the instrumented evaluation of a traced function),
-`emission` (the taps and their host functions), `delivery` (observers,
-alerts, warn-once), `verbose`, `recording` and `patching` (`record`),
-`collectors`, `discovery` (`primitives`).
+carry with `id_tap`'s primitive (through `api.consumer_tap`, its one door
+into the core), so taps are ordered with the program's other taps and
+calls. The parts, by job: `options` (`LensOptions`, the options `verbose`
+and `record` share), `events` (`TapEvent`), `primitive_taps` (`on`,
+`watch_nan`, `print`), `walker` and `loop_rewrites` (the instrumented
+evaluation of a traced function), `emission` (the taps and their host
+functions), `delivery` (observers, alerts, warn-once), `verbose`,
+`recording` and `patching` (`record`), `lens_keys`, `collectors`,
+`discovery` (`primitives`).
 """
 
 from .collectors import FlightRecorder, JSONLWriter, read_jsonl

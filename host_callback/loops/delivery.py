@@ -145,7 +145,7 @@ def _chain(alert: Optional[Alert], callback: Optional[Observer]
 @dataclasses.dataclass
 class Observers:
   """Who hears a `verbose` call's (or a `record` block's) events: alerts
-  first, then the callbacks, each guarded."""
+  first, then the callbacks, each guarded (`LensOptions.observers`)."""
   on_step: Optional[Observer] = None
   alert: Optional[Alert] = None
   on_ys: Optional[Observer] = None
@@ -157,16 +157,6 @@ class Observers:
                      "output": _chain(self.alert_ys, self.on_ys)}
     self._on_primitive = (None if self.on_step is None
                           else guarding(self.on_step))
-
-  @classmethod
-  def of(cls, on_step: Optional[Observer],
-         alert: Optional[Callable[[TapEvent], Any]], alert_once: bool,
-         on_ys: Optional[Observer],
-         alert_ys: Optional[Callable[[TapEvent], Any]],
-         alert_ys_once: bool) -> "Observers":
-    """From `verbose`'s arguments of the same names."""
-    return cls(on_step, Alert(alert, alert_once) if alert else None,
-               on_ys, Alert(alert_ys, alert_ys_once) if alert_ys else None)
 
   def observer(self, kind: str) -> Optional[Observer]:
     """Who hears the events of `kind` (None: no one, and no tap is made)."""

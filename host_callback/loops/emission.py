@@ -1,10 +1,12 @@
 """The device side of a tap: what one loop or primitive sends, through
-`host_callback.id_tap`, and the host function that turns it into events.
+`api.consumer_tap` (the package's tap for its own consumers: `id_tap`'s
+primitive and order, without its user-facing layer), and the host
+function that turns it into events.
 
 A tap sends the step (for a `while_loop`, INACTIVE where the step is not
 real: under `vmap` a finished lane runs on without being active), which
-the host function gets as a Python int (`HostFunction.int_operands`: no
-array to make and convert), then the leaves of what `select` returned,
+the host function gets as a Python int (`consumer_tap`'s `int_operands`:
+no array to make and convert), then the leaves of what `select` returned,
 each an operand of its own: the native runner makes each operand's array
 itself, which costs less than slicing one packed array in Python. With
 `sample_every=k` the tap sits in a `lax.cond` on `step % k == 0`, so
@@ -24,10 +26,9 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
+from .. import api
 from ..host.device_numbers import device_by_number
-from ..host.host_functions import HostFunction
-from ..primitive import primitive
-from ..receiver.native_library import instance_feed
+from ..receiver.instances import instance_feed
 from .delivery import callback_failed
 from .events import TapEvent, site_events
 from .primitive_taps import PrimitiveTap
@@ -106,12 +107,12 @@ def host_side(path: str, total: Optional[int], kind: str, treedef: Any,
   """The host function of one tap site, a new function for each (compared
   by identity): what does not change from step to step (the path, total,
   kind, how to rebuild the value, where events go, the devices) is fixed
-  when the site is traced. It is a consumer (see
-  `HostFunction.consumer_context`), called as `consume(arrays, device_id)`
-  for every event, with `transforms=` under `vmap`: the device comes as
-  its number, with no keyword argument to build. `arrays` is `[step,
-  *leaves]`, the step a Python int (an array where `vmap` batched it); a
-  step of INACTIVE makes no event."""
+  when the site is traced. It is a consumer (see `api.consumer_tap`),
+  called as `consume(arrays, device_id)` for every event, with
+  `transforms=` under `vmap`: the device comes as its number, with no
+  keyword argument to build. `arrays` is `[step, *leaves]`, the step a
+  Python int (an array where `vmap` batched it); a step of INACTIVE makes
+  no event."""
   event = site_events(path, total, kind)
   devices: Dict[int, Any] = {}  # by number
   value_of = _value_builder(treedef)
@@ -151,8 +152,11 @@ def host_side(path: str, total: Optional[int], kind: str, treedef: Any,
   # The usual `select`, one leaf (a scalar loss): the native module makes
   # each event as `site_events` does and gives it to the callback, guarded
   # as `guarding` guards it (an observer that is not a guard guards
-  # itself), with no Python frame of ours; `consume` serves the rest
-  # (`vmap` lanes, a device's first event, a step of -1).
+  # itself), with no Python frame of ours (`receiver/instances.py`:
+  # `instance_feed`, which knows nothing of events: it makes an instance
+  # of TapEvent of (path, step, value, total, kind, device) from a packet
+  # of (step, value)); `consume` serves the rest (`vmap` lanes, a device's
+  # first event, a step of -1 or INACTIVE).
   callback = getattr(deliver, "__wrapped__", deliver)
   return instance_feed(TapEvent, (path,), (total, kind), devices, callback,
                        callback_failed, consume)
@@ -186,16 +190,11 @@ class Emitter:
       code = (step if active is None
               else jnp.where(active(), step, jnp.int32(INACTIVE)))
       consume = host_side(path, total, kind, treedef, deliver)
-      # Bound as `id_tap` binds it, with a host function that is a
-      # consumer (see `host_side`). A partitioned tap sends each device's
-      # shard of each leaf.
-      operands = [code, *leaves]
-      function = HostFunction(
-          consume, jax.tree_util.tree_structure(operands), with_device=False,
-          is_call=False, partitioned=self.partitioned,
-          consumer_context=_error_context(consume.__name__), int_operands=(0,))
-      primitive.bind(operands, function=function, num_args=len(operands),
-                     device_index=0)
+      # The step comes as a Python int. A partitioned tap sends each
+      # device's shard of each leaf.
+      api.consumer_tap(consume, [code, *leaves],
+                       context=_error_context(consume.__name__),
+                       int_operands=(0,), partitioned=self.partitioned)
 
     if gated and self.sample_every > 1:
       # Steps are >= 0 here: a plain remainder, no sign fix-up. The select

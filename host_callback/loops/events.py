@@ -6,7 +6,7 @@ from __future__ import annotations
 import dataclasses
 from typing import Any, Callable, Optional
 
-from ..receiver.native_library import new_instance
+from ..receiver.instances import new_instance
 
 
 @dataclasses.dataclass(frozen=True, slots=True)
@@ -40,9 +40,9 @@ def site_events(path: str, total: Optional[int], kind: str
                 ) -> Callable[[int, Any, Any], TapEvent]:
   """`make(step, value, device)`: the events of a tap site whose path,
   total and kind are these, what its host function makes for every step
-  (with `new_instance`, which costs less than TapEvent's own `__init__`;
-  the usual select's are made in C, by `instance_feed`, as this makes
-  them)."""
+  (with `receiver/instances.py`'s `new_instance`, which costs less than
+  TapEvent's own `__init__`; the usual select's are made in C, by
+  `instance_feed` (`emission.host_side`), as this makes them)."""
   def make(step: int, value: Any, device: Any) -> TapEvent:
     return new_instance(TapEvent, path, step, value, total, kind, device)
   return make

@@ -12,6 +12,7 @@ blocks close, nowhere.
 
 from __future__ import annotations
 
+import dataclasses
 import itertools
 import threading
 import weakref
@@ -23,8 +24,9 @@ from .collectors import FlightRecorder
 from .delivery import Observer, Observers, guarding
 from .events import TapEvent
 from .lens_keys import lens_number
+from .options import DEFAULTS, LensOptions
 from .primitive_taps import PrimitiveTap
-from .verbose import check_options, filters, instrumented
+from .verbose import instrumented
 
 # The open blocks, innermost last: replaced whole (under `_open_lock`), never
 # changed in place, so that a host function reads it without the lock.
@@ -44,29 +46,30 @@ def _both(first: Observer, second: Optional[Observer]) -> Observer:
   return both
 
 
+def _recording(options: LensOptions, recorder: FlightRecorder) -> Observers:
+  """The observers of `options` with `recorder` hearing every event as
+  well (the scan outputs where `options.wants_ys`)."""
+  return dataclasses.replace(
+      options, on_step=_both(recorder, options.on_step),
+      on_ys=_both(recorder, options.on_ys) if options.wants_ys else None,
+  ).observers()
+
+
 class _Block:
   """A `with record(...)` block: its options, its recorder, its
   observers."""
 
-  def __init__(self, *, on_step: Optional[Observer],
-               alert: Optional[Callable[[TapEvent], Any]], alert_once: bool,
-               on_ys: Optional[Observer],
-               alert_ys: Optional[Callable[[TapEvent], Any]],
-               alert_ys_once: bool, max_events: Optional[int],
-               **options: Any) -> None:
-    self._callbacks = (on_step, alert, alert_once, on_ys, alert_ys,
-                       alert_ys_once)
+  def __init__(self, options: LensOptions,
+               max_events: Optional[int]) -> None:
     self._options = options
     self._max_events = max_events
-    self._wants_ys = bool(on_ys or alert_ys or options["select_ys"])
     self.observers: Optional[Observers] = None
-    self.max_depth: Optional[int] = options["max_depth"]
+    self.max_depth: Optional[int] = options.max_depth
     self.owner: Optional[int] = None
     self._numbers = itertools.count()
     self._entered = False
     # This thread's lens while the block is open: part of JAX's jit key.
-    self._lens = settings.record_lens(
-        lens_number({**options, "wants_ys": self._wants_ys}))
+    self._lens = settings.record_lens(lens_number(options.traced()))
 
   def __enter__(self) -> FlightRecorder:
     if self._entered:
@@ -75,12 +78,7 @@ class _Block:
           "is already open; make a new record() for each with statement")
     self._entered = True
     recorder = FlightRecorder(self._max_events)
-    on_step, alert, alert_once, on_ys, alert_ys, alert_ys_once = (
-        self._callbacks)
-    self.observers = Observers.of(
-        _both(recorder, on_step), alert, alert_once,
-        _both(recorder, on_ys) if self._wants_ys else None, alert_ys,
-        alert_ys_once)
+    self.observers = _recording(self._options, recorder)
     self.owner = threading.get_ident()
     global _open
     with _open_lock:
@@ -101,16 +99,11 @@ class _Block:
       _close(lambda block: block is self)
 
   def wants(self, kind: str) -> bool:
-    return kind != "output" or self._wants_ys
+    return kind != "output" or self._options.wants_ys
 
   def instrument(self, run: Callable[..., Any]) -> Callable[..., Any]:
-    o = self._options
-    return instrumented(
-        run, _Router(self), select=o["select"], select_ys=o["select_ys"],
-        sample_every=o["sample_every"],
-        loop_filters=filters(o["ops"], o["where"], o["max_depth"]),
-        taps=o["taps"], partitioned=o["partitioned"],
-        first_index=next(self._numbers))
+    return instrumented(run, _Router(self), self._options,
+                        first_index=next(self._numbers))
 
 
 def _close(closes: Callable[[_Block], bool]) -> None:
@@ -192,21 +185,21 @@ def _intercept(run: Callable[..., Any], *operands: Any) -> Any:
 
 
 def record(f: Optional[Callable[..., Any]] = None, *,
-           select: Optional[Callable[..., Any]] = None,
-           on_ys: Optional[Observer] = None,
-           select_ys: Optional[Callable[..., Any]] = None,
-           alert_ys: Optional[Callable[[TapEvent], Any]] = None,
-           alert_ys_once: bool = False,
-           ops: Sequence[str] = ("scan", "while_loop"),
-           sample_every: int = 1,
-           where: Optional[Callable[[str], bool]] = None,
-           max_depth: Optional[int] = None,
-           taps: Sequence[PrimitiveTap] = (),
-           on_step: Optional[Observer] = None,
-           alert: Optional[Callable[[TapEvent], Any]] = None,
-           alert_once: bool = False,
+           select: Optional[Callable[..., Any]] = DEFAULTS.select,
+           on_ys: Optional[Observer] = DEFAULTS.on_ys,
+           select_ys: Optional[Callable[..., Any]] = DEFAULTS.select_ys,
+           alert_ys: Optional[Callable[[TapEvent], Any]] = DEFAULTS.alert_ys,
+           alert_ys_once: bool = DEFAULTS.alert_ys_once,
+           ops: Sequence[str] = DEFAULTS.ops,
+           sample_every: int = DEFAULTS.sample_every,
+           where: Optional[Callable[[str], bool]] = DEFAULTS.where,
+           max_depth: Optional[int] = DEFAULTS.max_depth,
+           taps: Sequence[PrimitiveTap] = DEFAULTS.taps,
+           on_step: Optional[Observer] = DEFAULTS.on_step,
+           alert: Optional[Callable[[TapEvent], Any]] = DEFAULTS.alert,
+           alert_once: bool = DEFAULTS.alert_once,
            max_events: Optional[int] = None,
-           partitioned: bool = False
+           partitioned: bool = DEFAULTS.partitioned
            ) -> Union[Tuple[Callable[..., Any], FlightRecorder], _Block]:
   """Records the events of unmodified code in a `FlightRecorder`::
 
@@ -227,23 +220,13 @@ def record(f: Optional[Callable[..., Any]] = None, *,
   captured values) share the compilation. The block waits for the taps of
   what ran in it (`barrier_wait`) when it closes.
   """
-  check_options(sample_every, select_ys, ops)
+  options = LensOptions.of(locals())  # the arguments but f and max_events
+  options.check()
   if f is None:
-    return _Block(select=select, on_ys=on_ys, select_ys=select_ys,
-                  alert_ys=alert_ys, alert_ys_once=alert_ys_once, ops=ops,
-                  sample_every=sample_every, where=where,
-                  max_depth=max_depth, taps=tuple(taps), on_step=on_step,
-                  alert=alert, alert_once=alert_once, max_events=max_events,
-                  partitioned=partitioned)
+    return _Block(options, max_events)
   recorder = FlightRecorder(max_events)
-  wants_ys = bool(on_ys or select_ys or alert_ys)
-  sink = Observers.of(_both(recorder, on_step), alert, alert_once,
-                      _both(recorder, on_ys) if wants_ys else None, alert_ys,
-                      alert_ys_once)
-  return instrumented(f, sink, select=select, select_ys=select_ys,
-                      sample_every=sample_every,
-                      loop_filters=filters(ops, where, max_depth),
-                      taps=taps, partitioned=partitioned), recorder
+  return (instrumented(f, _recording(options, recorder), options),
+          recorder)
 
 
 def emergency_restore() -> None:

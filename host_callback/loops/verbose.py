@@ -4,47 +4,22 @@ loops in it."""
 from __future__ import annotations
 
 import functools
-import warnings
 from typing import Any, Callable, Optional, Sequence
 
-from .delivery import Observer, Observers
+from .delivery import Observer
 from .emission import Emitter, Sink
 from .events import TapEvent
+from .options import DEFAULTS, LensOptions
 from .primitive_taps import PrimitiveTap
-from .walker import Filters, Walker
-
-# The `ops` names a user may give, and the loop primitive each means.
-_OPS = {"scan": "scan", "while_loop": "while", "while": "while"}
+from .walker import Walker
 
 
-def filters(ops: Sequence[str], where: Optional[Callable[[str], bool]],
-            max_depth: Optional[int]) -> Filters:
-  return Filters(frozenset(_OPS[op] for op in ops if op in _OPS), where,
-                 max_depth)
-
-
-def check_options(sample_every: int, select_ys: Any,
-                  ops: Sequence[str]) -> None:
-  """Rejects a `sample_every` below 1; warns of a `select_ys` that cannot
-  apply."""
-  if sample_every < 1:
-    raise ValueError(f"sample_every must be >= 1, got {sample_every}")
-  if select_ys is not None and "scan" not in ops:
-    warnings.warn(
-        'host_callback.loops: select_ys has no effect when ops does not '
-        'include "scan" (a while_loop has no per-step outputs). Remove '
-        'select_ys or add "scan" to ops.', UserWarning, stacklevel=3)
-
-
-def instrumented(f: Callable[..., Any], sink: Sink, *,
-                 select: Optional[Callable[..., Any]],
-                 select_ys: Optional[Callable[..., Any]], sample_every: int,
-                 loop_filters: Filters, taps: Sequence[PrimitiveTap],
-                 partitioned: bool = False,
+def instrumented(f: Callable[..., Any], sink: Sink, options: LensOptions,
                  first_index: int = 0) -> Callable[..., Any]:
-  """`f` with its loops and `taps` reporting to `sink`."""
-  walker = Walker(Emitter(sink, select, select_ys, sample_every, partitioned),
-                  loop_filters, tuple(taps))
+  """`f` with its loops and `options.taps` reporting to `sink`."""
+  walker = Walker(Emitter(sink, options.select, options.select_ys,
+                          options.sample_every, options.partitioned),
+                  options.filters(), options.taps)
 
   @functools.wraps(f)
   def wrapped(*args: Any, **kwargs: Any) -> Any:
@@ -58,20 +33,20 @@ def instrumented(f: Callable[..., Any], sink: Sink, *,
 
 
 def verbose(f: Callable[..., Any], *,
-            on_step: Optional[Observer] = None,
-            select: Optional[Callable[..., Any]] = None,
-            alert: Optional[Callable[[TapEvent], Any]] = None,
-            alert_once: bool = False,
-            on_ys: Optional[Observer] = None,
-            select_ys: Optional[Callable[..., Any]] = None,
-            alert_ys: Optional[Callable[[TapEvent], Any]] = None,
-            alert_ys_once: bool = False,
-            ops: Sequence[str] = ("scan", "while_loop"),
-            sample_every: int = 1,
-            where: Optional[Callable[[str], bool]] = None,
-            max_depth: Optional[int] = None,
-            taps: Sequence[PrimitiveTap] = (),
-            partitioned: bool = False) -> Callable[..., Any]:
+            on_step: Optional[Observer] = DEFAULTS.on_step,
+            select: Optional[Callable[..., Any]] = DEFAULTS.select,
+            alert: Optional[Callable[[TapEvent], Any]] = DEFAULTS.alert,
+            alert_once: bool = DEFAULTS.alert_once,
+            on_ys: Optional[Observer] = DEFAULTS.on_ys,
+            select_ys: Optional[Callable[..., Any]] = DEFAULTS.select_ys,
+            alert_ys: Optional[Callable[[TapEvent], Any]] = DEFAULTS.alert_ys,
+            alert_ys_once: bool = DEFAULTS.alert_ys_once,
+            ops: Sequence[str] = DEFAULTS.ops,
+            sample_every: int = DEFAULTS.sample_every,
+            where: Optional[Callable[[str], bool]] = DEFAULTS.where,
+            max_depth: Optional[int] = DEFAULTS.max_depth,
+            taps: Sequence[PrimitiveTap] = DEFAULTS.taps,
+            partitioned: bool = DEFAULTS.partitioned) -> Callable[..., Any]:
   """`f`, returning the same values (and gradients), with every step of its
   `lax.scan` and `lax.while_loop` loops reported to `on_step` as a
   `TapEvent`.
@@ -104,10 +79,6 @@ def verbose(f: Callable[..., Any], *,
   in the outfeed mode. A callback or alert that raises warns once and
   never changes the program.
   """
-  check_options(sample_every, select_ys, ops)
-  sink = Observers.of(on_step, alert, alert_once, on_ys, alert_ys,
-                      alert_ys_once)
-  return instrumented(f, sink, select=select, select_ys=select_ys,
-                      sample_every=sample_every,
-                      loop_filters=filters(ops, where, max_depth), taps=taps,
-                      partitioned=partitioned)
+  options = LensOptions.of(locals())  # the arguments but `f`
+  options.check()
+  return instrumented(f, options.observers(), options)

@@ -3,10 +3,10 @@
 // parts (module_queues.cc: queues, sites, replies, executions and the CPU's
 // FFI handlers; module_cuda.cc: the CUDA transport; module_testing.cc:
 // tests only; python_hooks.cc: the hooks into Python; python_instances.cc:
-// new_instance), the Memory type
+// new_instance, instance_feed), the Memory type
 // (python_memory.h), and the constants the Python side reads instead of
-// writing them again. The Python side is receiver/native_library.py and
-// receiver/transport_native.py.
+// writing them again. The Python side is receiver/native_library.py,
+// receiver/transport_native.py and receiver/instances.py.
 
 #include "module_support.h"
 

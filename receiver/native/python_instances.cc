@@ -2,20 +2,18 @@
 // whose slots, in the order of cls.__slots__, are set to `values`; neither
 // __init__ nor __setattr__ runs. An immutable (frozen) slots class is made
 // so at about the cost of a tuple: its own __init__ sets each field through
-// object.__setattr__, which costs several times more. host_callback.loops
-// makes each TapEvent so (host_callback/loops/events.py:site_events and
-// emission.py:host_side), through receiver/native_library.py.
+// object.__setattr__, which costs several times more. Python reaches both
+// functions through receiver/instances.py.
 //
 // instance_feed(cls, head, tail, devices, callback, failed, fallback): a
 // consumer, `feed(arrays, device_id)`, that gives `callback` an instance of
-// `cls` for each packet of two arrays, a step (a Python int >= 0) and a
+// `cls` for each packet of two arrays, a number (a Python int >= 0) and a
 // value, from a device whose id the dict `devices` holds: made as
-// new_instance(cls, *head, step, value, *tail, device). Every other call
-// (transforms, another step, a device not in `devices` yet, other arrays)
-// goes to `fallback`, the same consumer in Python. An Exception raised by
-// `callback` goes to `failed(callback, error)`. host_callback.loops feeds
-// the events of its one-leaf taps so (emission.py:host_side): with no
-// Python frame of the consumer's, an event costs less.
+// new_instance(cls, *head, number, value, *tail, device). Every other call
+// (transforms, a negative number or none, a device not in `devices` yet,
+// other arrays) goes to `fallback`, the same consumer in Python. An
+// Exception raised by `callback` goes to `failed(callback, error)`. With
+// no Python frame of the consumer's, an instance delivered costs less.
 //
 // What a class needs is found once (its slots' descriptors and their
 // setters) and kept for the process: classes are few and live long.
@@ -132,7 +130,7 @@ struct FeedObject {
   PyObject_HEAD
   const SlotsClass* slots;
   // Owned references, in this order (Fields).
-  PyObject* head;      // a tuple: the values before the step
+  PyObject* head;      // a tuple: the values before the number
   PyObject* tail;      // a tuple: the values between the value and the device
   PyObject* devices;   // a dict: device id -> device
   PyObject* callback;
@@ -151,17 +149,17 @@ static_assert(offsetof(FeedObject, fallback) ==
 
 PyTypeObject* FeedType = nullptr;
 
-// `arrays`' step and value where it is a tuple or a list of two whose step
-// is an int >= 0; else false.
-bool StepAndValue(PyObject* arrays, PyObject** step, PyObject** value) {
+// `arrays`' number and value where it is a tuple or a list of two whose
+// first is an int >= 0; else false.
+bool NumberAndValue(PyObject* arrays, PyObject** number, PyObject** value) {
   const bool tuple = PyTuple_Check(arrays);
   if (!tuple && !PyList_Check(arrays)) return false;
   if ((tuple ? PyTuple_Size(arrays) : PyList_Size(arrays)) != 2) return false;
-  *step = tuple ? PyTuple_GetItem(arrays, 0) : PyList_GetItem(arrays, 0);
+  *number = tuple ? PyTuple_GetItem(arrays, 0) : PyList_GetItem(arrays, 0);
   *value = tuple ? PyTuple_GetItem(arrays, 1) : PyList_GetItem(arrays, 1);
-  if (!PyLong_CheckExact(*step)) return false;
+  if (!PyLong_CheckExact(*number)) return false;
   int overflow;
-  return PyLong_AsLongAndOverflow(*step, &overflow) >= 0 && overflow == 0;
+  return PyLong_AsLongAndOverflow(*number, &overflow) >= 0 && overflow == 0;
 }
 
 // `callback(instance)`; an Exception goes to `failed(callback, error)`.
@@ -184,10 +182,10 @@ PyObject* Deliver(FeedObject* feed, PyObject* instance) {
 
 PyObject* FeedCall(PyObject* self, PyObject* args, PyObject* kwargs) {
   auto* feed = reinterpret_cast<FeedObject*>(self);
-  PyObject *step, *value, *device = nullptr;
+  PyObject *number, *value, *device = nullptr;
   const bool plain = (kwargs == nullptr || PyDict_Size(kwargs) == 0) &&
                      PyTuple_Size(args) == 2 &&
-                     StepAndValue(PyTuple_GetItem(args, 0), &step, &value);
+                     NumberAndValue(PyTuple_GetItem(args, 0), &number, &value);
   if (plain) {
     device = PyDict_GetItemWithError(feed->devices, PyTuple_GetItem(args, 1));
     if (device == nullptr && PyErr_Occurred()) return nullptr;
@@ -199,7 +197,7 @@ PyObject* FeedCall(PyObject* self, PyObject* args, PyObject* kwargs) {
   for (Py_ssize_t i = 0; i < heads; ++i) {
     values[i] = PyTuple_GetItem(feed->head, i);
   }
-  values[heads] = step;
+  values[heads] = number;
   values[heads + 1] = value;
   for (Py_ssize_t i = 0; i < tails; ++i) {
     values[heads + 2 + i] = PyTuple_GetItem(feed->tail, i);
@@ -207,11 +205,11 @@ PyObject* FeedCall(PyObject* self, PyObject* args, PyObject* kwargs) {
   values[heads + 2 + tails] = device;
   // Held while the instance is made: its allocation may collect, and a
   // finalizer may change `devices` or `arrays`.
-  Py_INCREF(step);
+  Py_INCREF(number);
   Py_INCREF(value);
   Py_INCREF(device);
   PyObject* instance = Make(*feed->slots, values);
-  Py_DECREF(step);
+  Py_DECREF(number);
   Py_DECREF(value);
   Py_DECREF(device);
   if (instance == nullptr) return nullptr;

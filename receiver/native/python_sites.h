@@ -64,7 +64,7 @@ struct Site {
 // its size in bytes as the device stores it, a NumPy dtype, a shape and,
 // for a packed sub-byte dtype, a function that unpacks a uint8 array of its
 // bytes; `ints` (a bool per array) marks the int32 scalars that the host
-// function gets as Python ints (a loop tap's step). `copy` false: views of
+// function gets as Python ints (`int_columns`). `copy` false: views of
 // the device's buffers, valid until the host function returns.
 // `pack_results`: the results go through the runner's `wire`. `buffers`: a
 // GPU's direct run hands the host function its device buffers
