@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import collections
+import sys
 import threading
 import time
 from typing import Deque, Dict, List, Mapping, Tuple
@@ -142,20 +143,32 @@ class Receiver:
     consumed = 0
     for transport in self.transports.values():
       for device_id in transport.device_ids():
-        taken = True
-        while (taken and consumed < limit and not self.is_stopped() and
-               transport.packets_waiting(device_id)):
-          runs = self._runs.of(transport.name, device_id)
-          try:
-            packets = transport.take_here(device_id)
-            with consumer_thread():
-              for packet in packets:
-                self._consume(packet, runs, raise_interrupt=True)
-          finally:
-            transport.finish_here(device_id)  # also when interrupted
-          taken = bool(packets)
-          consumed += len(packets)
+        consumed += self.consume_device_here(transport, device_id,
+                                             limit - consumed)
     return consumed > 0
+
+  def consume_device_here(self, transport: Transport, device_id: int,
+                          limit: int = sys.maxsize,
+                          waiting: bool = False) -> int:
+    """`consume_here` for one device's queue: returns how many it
+    consumed. `waiting`: a packet is known to wait (the queue is not asked
+    first). Also what a request that finds taps waiting before it runs
+    (`Transport.set_guest_consumer`)."""
+    consumed, taken = 0, True
+    while (taken and consumed < limit and not self.is_stopped() and
+           (waiting or transport.packets_waiting(device_id))):
+      waiting = False
+      runs = self._runs.of(transport.name, device_id)
+      try:
+        packets = transport.take_here(device_id)
+        with consumer_thread():
+          for packet in packets:
+            self._consume(packet, runs, raise_interrupt=True)
+      finally:
+        transport.finish_here(device_id)  # also when interrupted
+      taken = bool(packets)
+      consumed += len(packets)
+    return consumed
 
   def _consume(self, packet: Packet, runs: QueueRuns,
                raise_interrupt: bool = False) -> None:

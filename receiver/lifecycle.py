@@ -107,6 +107,10 @@ class Runtime:
           transport.set_nested_consumer(
               lambda device_id, transport=transport:
               self.receiver().consume_nested(transport, device_id))
+          transport.set_guest_consumer(
+              lambda device_id, transport=transport:
+              self.receiver().consume_device_here(transport, device_id,
+                                                  waiting=True))
         self._transports = transports
       return self._transports
 

@@ -104,6 +104,12 @@ class Transport(Producer, Protocol):
     consumes, in the device's order, what the thread has taken and not yet
     consumed, else the next batch."""
 
+  def set_guest_consumer(self, consume: Callable[[int], None]) -> None:
+    """Lets a request that finds packets waiting on its device's queue run
+    them first on its own thread: `consume(device_id)` consumes, in the
+    device's order, those that no consumer holds (as `barrier_wait`'s guest
+    does), and raises KeyboardInterrupt when Ctrl-C stopped one."""
+
   def attach(self, max_bytes: int, listener: Callable[[int], None]) -> None:
     """A receiver starts: `listener(device_id)` runs for every device queue,
     now and whenever one opens, until `detach`."""

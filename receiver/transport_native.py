@@ -208,6 +208,7 @@ class NativeTransport:
     native.set_restart_hook(None)
     native.set_direct_runner(None, None, None)
     native.set_nested_consumer(None)
+    native.set_guest_consumer(None)
     native.set_interrupt_thread(0)
 
   def set_direct_runner(self, runner: DirectRunParts) -> None:
@@ -223,6 +224,9 @@ class NativeTransport:
 
   def set_nested_consumer(self, consume: Callable[[int], None]) -> None:
     native.set_nested_consumer(consume)
+
+  def set_guest_consumer(self, consume: Callable[[int], None]) -> None:
+    native.set_guest_consumer(consume)
 
   def attach(self, max_bytes: int, listener: Callable[[int], None]) -> None:
     self._max_bytes = max_bytes

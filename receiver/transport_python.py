@@ -59,6 +59,7 @@ class PythonTransport:
     self._restart: Optional[Callable[[], None]] = None
     self._direct: Optional[DirectRun] = None
     self._nested: Optional[Callable[[int], None]] = None
+    self._guest: Optional[Callable[[int], None]] = None
 
   # --- Producer: what the lowering and the device use ---
 
@@ -97,6 +98,8 @@ class PythonTransport:
     enqueues a call packet and waits for the host's reply."""
     queue = self._queue(device_id)
     run = self._direct
+    if run is not None and self._guest is not None and queue.packets_waiting:
+      self._guest(device_id)  # then the request may run here
     if run is not None and queue.claim_if_idle():
       try:
         return self._run_direct(run, device_id, site, arrays)
@@ -177,6 +180,7 @@ class PythonTransport:
     self._restart = None
     self._direct = None  # requests need a receiver, and fail without one
     self._nested = None
+    self._guest = None
     self.wake_all()  # waiting senders give up
 
   def set_direct_runner(self, runner: DirectRunParts) -> None:
@@ -190,6 +194,9 @@ class PythonTransport:
 
   def set_nested_consumer(self, consume: Callable[[int], None]) -> None:
     self._nested = consume
+
+  def set_guest_consumer(self, consume: Callable[[int], None]) -> None:
+    self._guest = consume
 
   def attach(self, max_bytes: int, listener: Callable[[int], None]) -> None:
     with self._lock:

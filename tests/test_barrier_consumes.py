@@ -1,7 +1,8 @@
 """A barrier runs the taps that wait on a queue no receiver thread is busy
 with on its own thread (`Transport.take_here`), instead of waking that
 thread and waiting for it: in the outfeed mode, a barrier after a step costs
-no hand-off. What must hold: each device's order, nothing taken while a
+no hand-off. So does a `call` that finds taps of its device waiting before
+it (`Transport.set_guest_consumer`). What must hold: each device's order, nothing taken while a
 receiver thread holds packets, and Ctrl-C. The queue's own rules for guests
 are tested on both queues in tests/test_queue_protocol.py."""
 
@@ -101,3 +102,33 @@ def test_ctrl_c_in_a_tap_the_barrier_runs_reaches_the_barriers_caller():
       jnp.int32(7))
   hcb.barrier_wait()  # raises no CallbackException for the interrupt
   assert received == [7]
+
+
+def test_a_call_runs_the_taps_waiting_before_it_on_its_own_thread():
+  """Issue 61, defect 4: a jitted step with a tap then a call cost 13 times
+  the two apart in the outfeed mode, as the call waited for the receiver
+  thread to run the tap. The call now runs the waiting tap itself, on the
+  thread that runs the step, in order (the receiver thread, woken for the
+  call, may take a tap first)."""
+  needs_cpu_default_backend("a CPU computation runs on its caller's thread")
+  received = []
+
+  def tap(value, transforms):
+    received.append(("tap", int(value), threading.get_ident()))
+
+  def host(value):
+    received.append(("call", int(value), threading.get_ident()))
+    return value
+
+  step = jax.jit(lambda x: hcb.call(host, hcb.id_tap(tap, x),
+                                    result_shape=x))
+  step(jnp.int32(-1))
+  hcb.barrier_wait()
+  received.clear()
+  for i in range(_ATTEMPTS):
+    step(jnp.int32(i)).block_until_ready()
+    assert [(kind, value) for kind, value, _ in received[-2:]] == [
+        ("tap", i), ("call", i)]
+    if received[-2][2] == threading.get_ident():
+      return
+  pytest.fail(f"no tap of {_ATTEMPTS} ran on the calling thread")

@@ -499,7 +499,9 @@ def test_a_host_functions_keyboard_interrupt_is_its_error(transport, mode,
 # SIGINT is to stop. SCENARIO "loop": the first call of a jitted loop whose
 # tap sleeps 10 ms (JAX's Python dispatch). "steps": a loop at the top of the
 # program over a warm jitted step with one tap (JAX's C++ dispatch, with no
-# Python code between its error and the end of the program). "pmap": a
+# Python code between its error and the end of the program). "tap, call":
+# the same with a tap that sleeps 10 ms then a call, whose host functions
+# the step's own thread runs in both modes. "pmap": a
 # pmap over DEVICES of a 20M-step scan with a tap per step.
 _INTERRUPTED_PROGRAMS = {
     "loop": """
@@ -514,6 +516,17 @@ f(0).block_until_ready()
     "steps": """
 import jax, jax.numpy as jnp, host_callback as hcb
 step = jax.jit(lambda x: hcb.id_tap(lambda v, t: None, x) + 1)
+x = step(jnp.float32(0))
+print("start", flush=True)
+for i in range(10**9):
+  x = step(x)
+""",
+    "tap, call": """
+import time, jax, jax.numpy as jnp, host_callback as hcb
+def tick(v, t):
+  time.sleep(0.01)
+step = jax.jit(lambda x: hcb.call(lambda v: v, hcb.id_tap(tick, x),
+                                  result_shape=x) + 1)
 x = step(jnp.float32(0))
 print("start", flush=True)
 for i in range(10**9):
@@ -547,7 +560,7 @@ def _keyboard_interrupt_as_python_prints_it(lines: List[str]) -> None:
   assert frames and all(f.startswith('  File "<string>"') for f in frames), text
 
 
-@pytest.mark.parametrize("scenario", ["loop", "steps"])
+@pytest.mark.parametrize("scenario", ["loop", "steps", "tap, call"])
 @pytest.mark.parametrize("mode", ["synchronous", "outfeed"])
 def test_ctrl_c_is_a_keyboard_interrupt_on_one_device(transport, mode,
                                                       scenario):

@@ -63,6 +63,19 @@ using DirectRunner = DirectOutcome (*)(const DirectRequest& request,
 // else the next batch. Returns 0, or nonzero when no receiver can consume.
 using NestedConsumer = int (*)(int64_t device_id);
 
+// What a guest consumer did (GuestConsumer).
+enum class GuestOutcome : int {
+  kDone = 0,         // consumed what it could; the queue may still be busy
+  kInterrupted = 1,  // Ctrl-C stopped a host function it ran
+};
+
+// Called by a device thread whose request finds packets waiting on its
+// queue (the outfeed mode's taps before a call): consumes them on this
+// thread, in the device's order, as barrier_wait's guest does, where no
+// consumer holds a batch; then the request may run directly instead of
+// waiting for the consumer thread to run them.
+using GuestConsumer = GuestOutcome (*)(int64_t device_id);
+
 class DirectRuns {
  public:
   // A direct run interrupted on Python's main thread re-arms Ctrl-C there.
@@ -79,6 +92,14 @@ class DirectRuns {
   }
   NestedConsumer nested_consumer() const {
     return nested_consumer_.load(std::memory_order_seq_cst);
+  }
+  // With a guest consumer, a request first runs the packets waiting before
+  // it itself (GuestConsumer).
+  void set_guest_consumer(GuestConsumer consumer) {
+    guest_consumer_.store(consumer, std::memory_order_seq_cst);
+  }
+  GuestConsumer guest_consumer() const {
+    return guest_consumer_.load(std::memory_order_seq_cst);
   }
 
   // Runs `request` directly when there is a runner and `queue` is idle
@@ -105,6 +126,7 @@ class DirectRuns {
  private:
   std::atomic<DirectRunner> runner_{nullptr};
   std::atomic<NestedConsumer> nested_consumer_{nullptr};
+  std::atomic<GuestConsumer> guest_consumer_{nullptr};
   Interrupts* const interrupts_;
 };
 

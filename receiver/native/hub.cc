@@ -85,6 +85,14 @@ Status Hub::Send(int64_t device_id, int64_t site, const Span* arrays,
 Status Hub::Call(int64_t device_id, int64_t site, const Span* arrays,
                  size_t num_arrays, const Span* outputs, size_t num_outputs) {
   DeviceQueue* queue = Queue(device_id);
+  // A CPU's taps waiting before the request run here first (a GPU's queue,
+  // whose taps land from its stream, is left to its consumer).
+  GuestConsumer guest = direct_runs_.guest_consumer();
+  if (guest != nullptr && device_id < kCudaQueueBase && queue->HasUntaken() &&
+      guest(device_id) == GuestOutcome::kInterrupted) {
+    return interrupts_.Cancel("while a tap before a call ran on the main "
+                              "thread");
+  }
   Status direct;
   if (direct_runs_.TryRun(queue,
                           DirectRequest{device_id, site, arrays, num_arrays,

@@ -47,6 +47,30 @@ int ConsumeNested(int64_t device_id) {
   return failed;
 }
 
+PyObject* guest_callable = nullptr;  // owned; guarded by the GIL
+
+// The GuestConsumer (direct_runs.h): calls Python's guest consumer. Its
+// KeyboardInterrupt (Ctrl-C, which it raises) cancels the request; any
+// other error is logged, and the request goes on as if it found nothing.
+GuestOutcome ConsumeAsGuest(int64_t device_id) {
+  PyGILState_STATE gil = PyGILState_Ensure();
+  GuestOutcome outcome = GuestOutcome::kDone;
+  if (guest_callable != nullptr) {
+    PyObject* result = PyObject_CallFunction(guest_callable, "L",
+                                             static_cast<long long>(device_id));
+    if (result != nullptr) {
+      Py_DECREF(result);
+    } else if (PyErr_ExceptionMatches(PyExc_KeyboardInterrupt)) {
+      PyErr_Clear();
+      outcome = GuestOutcome::kInterrupted;
+    } else {
+      PyErr_WriteUnraisable(guest_callable);
+    }
+  }
+  PyGILState_Release(gil);
+  return outcome;
+}
+
 // The InterruptHook (interrupts.h): Python's PyOS_InterruptOccurred, which
 // on the main thread reports (and clears) a pending Ctrl-C without running
 // Python code.
@@ -89,6 +113,13 @@ PyObject* SetNestedConsumer(PyObject*, PyObject* callable) {
   return SetPythonHook(callable, &nested_callable, ConsumeNested,
                        [](NestedConsumer consumer) {
                          Hub::Get().direct_runs().set_nested_consumer(consumer);
+                       });
+}
+
+PyObject* SetGuestConsumer(PyObject*, PyObject* callable) {
+  return SetPythonHook(callable, &guest_callable, ConsumeAsGuest,
+                       [](GuestConsumer consumer) {
+                         Hub::Get().direct_runs().set_guest_consumer(consumer);
                        });
 }
 
@@ -185,6 +216,7 @@ PyObject* CallClearingCtrlC(PyObject*, PyObject* args) {
 PyMethodDef kHookMethods[] = {
     {"set_restart_hook", SetRestartHook, METH_O, nullptr},
     {"set_nested_consumer", SetNestedConsumer, METH_O, nullptr},
+    {"set_guest_consumer", SetGuestConsumer, METH_O, nullptr},
     {"set_direct_runner", SetDirectRunner, METH_VARARGS, nullptr},
     {"close_own_direct_runs", CloseOwnDirectRuns, METH_NOARGS, nullptr},
     {"own_direct_runs", OwnDirectRuns, METH_NOARGS, nullptr},
