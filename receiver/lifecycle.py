@@ -159,9 +159,7 @@ class Runtime:
     `device_buffers.CudaBuffer`s and `stream` the computation's, which the
     consumer also gets; it writes the results into `outputs` on that
     stream."""
-    # What does not change between runs is bound here, and the run counts
-    # itself (see `QueueRuns`) with no call: this runs for every direct
-    # request, and a call would cost more than the count.
+    # What does not change between runs is bound here.
     runs_by_device: Dict[int, QueueRuns] = {}
     counts, registry = self.runs, self.registry
     lookup = registry.consumers.get
@@ -177,11 +175,9 @@ class Runtime:
       runs = runs_by_device.get(device_id)
       if runs is None:
         runs = runs_by_device[device_id] = counts.of(name, device_id)
-      if counts.closed:
-        runs.refused += 1
+      if not runs.begin_direct():
         raise ReceiverStopped("host_callback: the process is ending after "
                               "Ctrl-C; host functions no longer run")
-      runs.running += 1
       try:
         consumer = lookup(consumer_id)
         if consumer is None:
@@ -194,8 +190,7 @@ class Runtime:
       except BaseException as error:  # pylint: disable=broad-except
         failed(consumer_id, error)
       finally:
-        runs.running -= 1
-        runs.ran += 1
+        runs.end()
     return DirectRunParts(run_direct, registry.consumers, failed)
 
   def run_here(self, consumer: Consumer, context: str, device_id: int,

@@ -25,10 +25,11 @@ class QueueRuns:
   """The counts of one device queue. Its host functions run one at a time
   (the queue's claim: its consumer, a guest, or a direct run), or nested
   on one thread, so the counts take no lock: the GIL keeps each update
-  whole. A queued packet's run counts itself with `begin` and `end`; a
-  direct run (`Runtime.direct_runner`), which runs for every synchronous
-  tap, writes the same counts out: `running` up, then down with `ran`
-  up; once closed, `refused` up and no run."""
+  whole. Every run that Python makes counts itself here, with `begin` (a
+  queued packet's) or `begin_direct` (a request run on the device's
+  thread, `Runtime.direct_runner`), then `end`; the native runner's own
+  runs are counted in C++ (`Transport.own_direct_runs`) and added in
+  `RunCounts.left`."""
 
   __slots__ = ("_counts", "ran", "running", "begun_queued", "refused")
 
@@ -46,6 +47,15 @@ class QueueRuns:
       return False
     self.running += 1
     self.begun_queued += 1
+    return True
+
+  def begin_direct(self) -> bool:
+    """Counts a direct run's host function that begins, unless closed:
+    then it is refused (and counted so), and False is returned."""
+    if self._counts.closed:
+      self.refused += 1
+      return False
+    self.running += 1
     return True
 
   def end(self) -> None:

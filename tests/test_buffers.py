@@ -4,6 +4,7 @@ the host function runs directly on the native transport, at most one copy
 each way elsewhere."""
 
 import re
+import threading
 import time
 
 import jax
@@ -98,21 +99,24 @@ def test_synchronous_native_call_neither_copies_arguments_nor_results(
 
 
 def test_a_queued_call_fills_a_host_buffer_copied_once(transport):
-  """In the outfeed mode a call behind a tap still being consumed is
-  queued: out= is a host array, which the transport copies into the
-  device's buffer."""
+  """In the outfeed mode a call behind a tap that the receiver thread is
+  still running is queued: out= is a host array, which the transport
+  copies into the device's buffer."""
   jax.config.update("jax_host_callback_outfeed", True)
   pointers = []
+  started = threading.Event()
 
   def host(a, out):
     pointers.append(out.ctypes.data)
     out[...] = a + 1
 
-  def step(v):
-    v = hcb.id_tap(lambda arg, transforms: time.sleep(0.05), v)
-    return _buffers_call(host, v)
+  def slow(arg, transforms):
+    started.set()
+    time.sleep(0.2)
 
-  out = jax.jit(step)(jnp.arange(4.0))
+  jax.jit(lambda v: hcb.id_tap(slow, v))(jnp.arange(4.0))
+  assert started.wait(60)  # the receiver thread runs it
+  out = jax.jit(lambda v: _buffers_call(host, v))(jnp.arange(4.0))
   np.testing.assert_array_equal(out, [1.0, 2.0, 3.0, 4.0])
   assert pointers != [out.unsafe_buffer_pointer()]
 
