@@ -191,7 +191,14 @@ class Runtime:
         failed(consumer_id, error)
       finally:
         runs.end()
-    return DirectRunParts(run_direct, registry.consumers, failed)
+    def failed_queued(consumer_id: int, error: BaseException) -> None:
+      del consumer_id  # the error names its host function
+      if stopped_by_ctrl_c(error):
+        raise error
+      self.errors.record(error)
+
+    return DirectRunParts(run_direct, registry.consumers, failed,
+                          failed_queued)
 
   def run_here(self, consumer: Consumer, context: str, device_id: int,
                arrays: List[np.ndarray]) -> Optional[Sequence[np.ndarray]]:
@@ -231,7 +238,7 @@ class Runtime:
     for transport in (self._transports or {}).values():
       transport.close_own_direct_runs()
 
-  def _own_direct_runs(self) -> Dict[QueueKey, Tuple[int, int]]:
+  def _own_direct_runs(self) -> Dict[QueueKey, Tuple[int, int, int]]:
     """Each transport's `own_direct_runs`, by queue."""
     transports = self._transports or {}
     return {(name, device_id): counts

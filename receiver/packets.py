@@ -93,10 +93,15 @@ class DirectRunParts:
   (by id; read, never written) as `consumer(arrays, device_id)`, count the
   run itself (`Transport.own_direct_runs`), and give an exception
   to `failed(consumer_id, error)`, which raises what `run` would; a
-  consumer that is not there goes to `run`, which raises the error."""
+  consumer that is not there goes to `run`, which raises the error. The
+  same transport may run a tap that waited on its queue, before a
+  request, the same way (the native runner's `RunWaitingTaps`), giving
+  its exception to `failed_queued(consumer_id, error)`, which records it
+  as a receiver thread would and returns, or raises Ctrl-C's."""
   run: DirectRun
   consumers: Mapping[int, Callable[..., Any]]
   failed: Callable[[int, BaseException], NoReturn]
+  failed_queued: Callable[[int, BaseException], None]
 
 
 class Reply:

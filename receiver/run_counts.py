@@ -87,19 +87,21 @@ class RunCounts:
     self.closed = True
 
   def left(self, sent: Mapping[QueueKey, int],
-           own: Mapping[QueueKey, Tuple[int, int]]) -> Dict[QueueKey, Left]:
+           own: Mapping[QueueKey, Tuple[int, int, int]]
+           ) -> Dict[QueueKey, Left]:
     """Each queue's counts, given how many packets each was `sent` and the
-    (ran, running) of the direct runs its transport counted itself
-    (`Transport.own_direct_runs`); only the queues where something
+    (ran, running, queued) of the direct runs its transport counted
+    itself (`Transport.own_direct_runs`); only the queues where something
     ran, runs or was dropped."""
     with self._lock:
       queues = dict(self._queues)
     left = {}
     for key in sorted(set(queues) | set(sent) | set(own)):
       runs = queues.get(key) or QueueRuns(self)
-      own_ran, own_running = own.get(key, (0, 0))
+      own_ran, own_running, own_queued = own.get(key, (0, 0, 0))
+      begun_queued = runs.begun_queued + own_queued
       counts = Left(runs.ran + own_ran, runs.running + own_running,
-                    sent.get(key, 0) - runs.begun_queued + runs.refused)
+                    sent.get(key, 0) - begun_queued + runs.refused)
       if counts.ran or counts.running or counts.dropped:
         left[key] = counts
     return left

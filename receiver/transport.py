@@ -94,9 +94,10 @@ class Transport(Producer, Protocol):
     """From now on every direct run goes through `DirectRunParts.run`,
     which refuses them once the run counts are closed."""
 
-  def own_direct_runs(self) -> Dict[int, Tuple[int, int]]:
-    """By device id, the (ran, running) counts of the direct runs the
-    transport made without `DirectRunParts.run`."""
+  def own_direct_runs(self) -> Dict[int, Tuple[int, int, int]]:
+    """By device id, the (ran, running, queued) counts of the direct runs
+    the transport made without `DirectRunParts.run`: `queued`, those of
+    them that ran a tap that had waited on the queue."""
 
   def set_nested_consumer(self, consume: Callable[[int], None]) -> None:
     """Lets a device's consumer thread serve a request it makes of that

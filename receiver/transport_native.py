@@ -208,25 +208,25 @@ class NativeTransport:
     native.set_restart_hook(None)
     native.set_direct_runner(None, None, None)
     native.set_nested_consumer(None)
-    native.set_guest_consumer(None)
     native.set_interrupt_thread(0)
 
   def set_direct_runner(self, runner: DirectRunParts) -> None:
     native.set_direct_runner(runner.run, native_wire.wire_array,
                              device_buffers.CudaBuffer, runner.consumers,
-                             runner.failed)
+                             runner.failed, runner.failed_queued)
 
   def close_own_direct_runs(self) -> None:
     native.close_own_direct_runs()
 
-  def own_direct_runs(self) -> Dict[int, Tuple[int, int]]:
+  def own_direct_runs(self) -> Dict[int, Tuple[int, int, int]]:
     return native.own_direct_runs()
 
   def set_nested_consumer(self, consume: Callable[[int], None]) -> None:
     native.set_nested_consumer(consume)
 
   def set_guest_consumer(self, consume: Callable[[int], None]) -> None:
-    native.set_guest_consumer(consume)
+    """Not needed: the native runner runs the taps that wait before a
+    request itself (`native/python_runner.h:RunWaitingTaps`)."""
 
   def attach(self, max_bytes: int, listener: Callable[[int], None]) -> None:
     self._max_bytes = max_bytes

@@ -189,7 +189,7 @@ class PythonTransport:
   def close_own_direct_runs(self) -> None:
     pass  # its direct runs all go through `run`
 
-  def own_direct_runs(self) -> Dict[int, Tuple[int, int]]:
+  def own_direct_runs(self) -> Dict[int, Tuple[int, int, int]]:
     return {}
 
   def set_nested_consumer(self, consume: Callable[[int], None]) -> None:

@@ -156,8 +156,20 @@ class DeviceQueue {
   // (direct_runs.h): the consumer takes nothing until EndGuest. Returns 0,
   // claiming nothing, when it may not or nothing waits, and with `*needed`
   // set when the packet is larger than `capacity`.
+  // With `tap` set, only when the next waiting packet is a tap (no request)
+  // of that site and byte size, written in the queue's chunks (not a large
+  // packet's block); else 0, claiming nothing.
+  struct Tap {
+    int64_t site;
+    int64_t bytes;
+  };
   int64_t TakeAsGuest(uint8_t* dst, int64_t capacity, IndexEntry* index,
-                      int64_t* needed);
+                      int64_t* needed, const Tap* tap = nullptr);
+  // The site of the next waiting packet when it is a tap written in the
+  // queue's chunks; false otherwise (nothing waits, a request, a large
+  // packet). What TakeAsGuest with `tap` takes, unless another thread
+  // takes first.
+  bool NextTapSite(int64_t* site);
   // On the guest's thread: what it took is finished (consumed, or given up
   // by an interrupted guest), and the claim ends. Does nothing elsewhere,
   // or when the thread holds no guest's claim.
@@ -272,6 +284,10 @@ class DeviceQueue {
   std::condition_variable changed_;    // senders and finish-waiters wait on it
   // Front: the chunk being read from `read_offset_`; back: being written.
   std::deque<std::unique_ptr<Chunk>> chunks_;
+  // The header of the next packet waiting in a chunk, as NextTapSite and
+  // TakeAsGuest read it; false when none waits, or a large packet's block
+  // comes first. Under `mu_`.
+  bool NextInChunk(PacketHeader* header) const;
   int64_t read_offset_ = 0;
   int64_t unread_ = 0;                 // bytes pushed, not yet taken
   std::vector<std::unique_ptr<Chunk>> spare_;  // read chunks kept for reuse

@@ -12,13 +12,44 @@
 
 namespace hcb {
 
+bool DeviceQueue::NextInChunk(PacketHeader* header) const {
+  bool first = true;
+  for (const auto& chunk : chunks_) {
+    if (chunk->block != nullptr) return false;
+    const int64_t offset = first ? read_offset_ : 0;
+    first = false;
+    if (offset < chunk->used) {
+      *header = ReadHeader(chunk->begin() + offset);
+      return true;
+    }
+  }
+  return false;
+}
+
+bool DeviceQueue::NextTapSite(int64_t* site) {
+  std::lock_guard<std::mutex> lock(mu_);
+  PacketHeader header;
+  if (unread_ == 0 || !NextInChunk(&header) || header.request_id != 0) {
+    return false;
+  }
+  *site = header.site;
+  return true;
+}
+
 int64_t DeviceQueue::TakeAsGuest(uint8_t* dst, int64_t capacity,
-                                 IndexEntry* index, int64_t* needed) {
+                                 IndexEntry* index, int64_t* needed,
+                                 const Tap* tap) {
   *needed = 0;
   std::unique_lock<std::mutex> lock(mu_);
   // No consumer holds a batch (it would finish it first), no host function
   // runs on a device thread, and a packet waits.
   if (taken_ > 0 || claim_depth_ > 0 || unread_ == 0) {
+    return 0;
+  }
+  PacketHeader next;
+  if (tap != nullptr &&
+      (!NextInChunk(&next) || next.request_id != 0 || next.site != tap->site ||
+       next.size != tap->bytes)) {
     return 0;
   }
   // Claimed before TakeWaiting unlocks: the consumer takes nothing after

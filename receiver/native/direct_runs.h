@@ -32,6 +32,8 @@ namespace hcb {
 // results into `outputs` (the device's result buffers). With `gpu` set
 // (a buffers=True site's call on GPU `gpu`, hub.cc:Hub::CudaCall), the
 // buffers are that GPU's memory and `stream` the computation's stream.
+// `queued`: a tap that waited on the queue, run by a later request on its
+// thread (GuestConsumer): its failure is no request's.
 struct DirectRequest {
   int64_t device_id;
   int64_t site;
@@ -41,6 +43,7 @@ struct DirectRequest {
   size_t num_outputs;
   int64_t gpu = -1;  // -1: host memory
   void* stream = nullptr;
+  bool queued = false;
 };
 
 // What became of a direct run.
@@ -70,10 +73,11 @@ enum class GuestOutcome : int {
 };
 
 // Called by a device thread whose request finds packets waiting on its
-// queue (the outfeed mode's taps before a call): consumes them on this
-// thread, in the device's order, as barrier_wait's guest does, where no
-// consumer holds a batch; then the request may run directly instead of
-// waiting for the consumer thread to run them.
+// queue (the outfeed mode's taps before a call): runs the taps that wait
+// first on this thread, in the device's order, as barrier_wait's guest
+// does, where no consumer holds a batch (python_runner.h:RunWaitingTaps);
+// then the request may run directly instead of waiting for the consumer
+// thread to run them.
 using GuestConsumer = GuestOutcome (*)(int64_t device_id);
 
 class DirectRuns {

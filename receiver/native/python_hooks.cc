@@ -47,30 +47,6 @@ int ConsumeNested(int64_t device_id) {
   return failed;
 }
 
-PyObject* guest_callable = nullptr;  // owned; guarded by the GIL
-
-// The GuestConsumer (direct_runs.h): calls Python's guest consumer. Its
-// KeyboardInterrupt (Ctrl-C, which it raises) cancels the request; any
-// other error is logged, and the request goes on as if it found nothing.
-GuestOutcome ConsumeAsGuest(int64_t device_id) {
-  PyGILState_STATE gil = PyGILState_Ensure();
-  GuestOutcome outcome = GuestOutcome::kDone;
-  if (guest_callable != nullptr) {
-    PyObject* result = PyObject_CallFunction(guest_callable, "L",
-                                             static_cast<long long>(device_id));
-    if (result != nullptr) {
-      Py_DECREF(result);
-    } else if (PyErr_ExceptionMatches(PyExc_KeyboardInterrupt)) {
-      PyErr_Clear();
-      outcome = GuestOutcome::kInterrupted;
-    } else {
-      PyErr_WriteUnraisable(guest_callable);
-    }
-  }
-  PyGILState_Release(gil);
-  return outcome;
-}
-
 // The InterruptHook (interrupts.h): Python's PyOS_InterruptOccurred, which
 // on the main thread reports (and clears) a pending Ctrl-C without running
 // Python code.
@@ -116,18 +92,11 @@ PyObject* SetNestedConsumer(PyObject*, PyObject* callable) {
                        });
 }
 
-PyObject* SetGuestConsumer(PyObject*, PyObject* callable) {
-  return SetPythonHook(callable, &guest_callable, ConsumeAsGuest,
-                       [](GuestConsumer consumer) {
-                         Hub::Get().direct_runs().set_guest_consumer(consumer);
-                       });
-}
-
 PyObject* SetDirectRunner(PyObject*, PyObject* args) {
   PyObject *runner, *wire, *device_buffer;
-  PyObject *consumers = Py_None, *failed = Py_None;
-  if (!PyArg_ParseTuple(args, "OOO|OO", &runner, &wire, &device_buffer,
-                        &consumers, &failed)) {
+  PyObject *consumers = Py_None, *failed = Py_None, *failed_queued = Py_None;
+  if (!PyArg_ParseTuple(args, "OOO|OOO", &runner, &wire, &device_buffer,
+                        &consumers, &failed, &failed_queued)) {
     return nullptr;
   }
   if (consumers != Py_None && !PyDict_Check(consumers)) {
@@ -137,12 +106,17 @@ PyObject* SetDirectRunner(PyObject*, PyObject* args) {
   DirectRuns& direct_runs = Hub::Get().direct_runs();
   if (runner == Py_None || wire == Py_None || device_buffer == Py_None) {
     direct_runs.set_runner(nullptr);
-    SetRunner(nullptr, nullptr, nullptr, nullptr, nullptr);
+    direct_runs.set_guest_consumer(nullptr);
+    SetRunner(nullptr, nullptr, nullptr, nullptr, nullptr, nullptr);
   } else {
+    const bool calls_consumers = consumers != Py_None && failed != Py_None &&
+                                 failed_queued != Py_None;
     SetRunner(runner, wire, device_buffer,
               consumers == Py_None ? nullptr : consumers,
-              failed == Py_None ? nullptr : failed);
+              failed == Py_None ? nullptr : failed,
+              failed_queued == Py_None ? nullptr : failed_queued);
     direct_runs.set_runner(Run);
+    direct_runs.set_guest_consumer(calls_consumers ? RunWaitingTaps : nullptr);
   }
   Py_RETURN_NONE;
 }
@@ -156,8 +130,9 @@ PyObject* OwnDirectRuns(PyObject*, PyObject*) {
   PyObject* runs = PyDict_New();
   for (const auto& [device_id, counts] : OwnRunsNow()) {
     PyObject* key = PyLong_FromLongLong(device_id);
-    PyObject* value = Py_BuildValue("(LL)", static_cast<long long>(counts.ran),
-                                    static_cast<long long>(counts.running));
+    PyObject* value = Py_BuildValue("(LLL)", static_cast<long long>(counts.ran),
+                                    static_cast<long long>(counts.running),
+                                    static_cast<long long>(counts.queued));
     const bool ok = runs != nullptr && key != nullptr && value != nullptr &&
                     PyDict_SetItem(runs, key, value) == 0;
     Py_XDECREF(key);
@@ -216,7 +191,6 @@ PyObject* CallClearingCtrlC(PyObject*, PyObject* args) {
 PyMethodDef kHookMethods[] = {
     {"set_restart_hook", SetRestartHook, METH_O, nullptr},
     {"set_nested_consumer", SetNestedConsumer, METH_O, nullptr},
-    {"set_guest_consumer", SetGuestConsumer, METH_O, nullptr},
     {"set_direct_runner", SetDirectRunner, METH_VARARGS, nullptr},
     {"close_own_direct_runs", CloseOwnDirectRuns, METH_NOARGS, nullptr},
     {"own_direct_runs", OwnDirectRuns, METH_NOARGS, nullptr},

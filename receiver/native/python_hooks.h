@@ -1,7 +1,7 @@
 // The hooks through which device threads call into Python (the restart
-// hook, the nested consumer, the guest consumer, the interrupt hook, the
-// direct runner), and the module functions that set them
-// (set_restart_hook, set_nested_consumer, set_guest_consumer,
+// hook, the nested consumer, the interrupt hook, the direct runner, which
+// also runs the taps waiting before a request), and the module functions
+// that set them (set_restart_hook, set_nested_consumer,
 // set_interrupt_thread, set_direct_runner, in kHookMethods; receiver/
 // transport_native.py calls them), runs_host_function_here, which
 // receiver/consumer_threads.py asks, and ctrl_c_cancellations and
@@ -20,7 +20,6 @@ namespace hcb::python {
 
 PyObject* SetRestartHook(PyObject* module, PyObject* callable);
 PyObject* SetNestedConsumer(PyObject* module, PyObject* callable);
-PyObject* SetGuestConsumer(PyObject* module, PyObject* callable);
 PyObject* SetDirectRunner(PyObject* module, PyObject* args);
 PyObject* SetInterruptThread(PyObject* module, PyObject* args);
 // `runs_host_function_here()`: whether the calling thread runs a direct

@@ -6,6 +6,7 @@
 #include <unordered_map>
 #include <vector>
 
+#include "hub.h"
 #include "python_arguments.h"
 #include "python_limited.h"
 #include "python_results.h"
@@ -19,6 +20,7 @@ PyObject* wire = nullptr;
 PyObject* device_buffer = nullptr;
 PyObject* consumers = nullptr;  // consumer id -> consumer: a dict, read only
 PyObject* failed = nullptr;
+PyObject* failed_queued = nullptr;
 
 // The runs of the consumers called here (CallConsumer), by device id: the
 // runner counts its own. Guarded by the GIL; never erased, so that a run
@@ -66,11 +68,12 @@ PyObject* CallConsumer(const Site& site, const DirectRequest& request,
   if (device_id == nullptr) return nullptr;
   // Held for the run: the consumer is borrowed from the dict, which the run
   // may change, and StopCallingConsumers may drop `failed` meanwhile.
-  PyObject* on_failure = failed;
+  PyObject* on_failure = request.queued ? failed_queued : failed;
   Py_INCREF(consumer);
   Py_INCREF(on_failure);
   OwnRuns& runs = own_runs[request.device_id];
   ++runs.running;
+  if (request.queued) ++runs.queued;
   PyObject* results =
       PyObject_CallFunctionObjArgs(consumer, args, device_id, nullptr);
   --runs.running;
@@ -163,12 +166,13 @@ DirectOutcome RunWithGil(const DirectRequest& request, std::string* error) {
 
 void SetRunner(PyObject* new_runner, PyObject* new_wire,
                PyObject* new_device_buffer, PyObject* new_consumers,
-               PyObject* new_failed) {
-  if (new_consumers == nullptr || new_failed == nullptr) {
-    new_consumers = new_failed = nullptr;
+               PyObject* new_failed, PyObject* new_failed_queued) {
+  if (new_consumers == nullptr || new_failed == nullptr ||
+      new_failed_queued == nullptr) {
+    new_consumers = new_failed = new_failed_queued = nullptr;
   }
   for (PyObject* object : {new_runner, new_wire, new_device_buffer,
-                           new_consumers, new_failed}) {
+                           new_consumers, new_failed, new_failed_queued}) {
     Py_XINCREF(object);
   }
   Replace(&runner, new_runner);
@@ -176,16 +180,64 @@ void SetRunner(PyObject* new_runner, PyObject* new_wire,
   Replace(&device_buffer, new_device_buffer);
   Replace(&consumers, new_consumers);
   Replace(&failed, new_failed);
+  Replace(&failed_queued, new_failed_queued);
 }
 
 void StopCallingConsumers() {
   Replace(&consumers, nullptr);
   Replace(&failed, nullptr);  // a run that holds it keeps its own reference
+  Replace(&failed_queued, nullptr);
 }
 
 std::unordered_map<int64_t, OwnRuns> OwnRunsNow() { return own_runs; }
 
 bool RunsHostFunctionHere() { return runner_calls_here > 0; }
+
+GuestOutcome RunWaitingTaps(int64_t device_id) {
+  PyGILState_STATE gil = PyGILState_Ensure();
+  GuestOutcome outcome = GuestOutcome::kDone;
+  DeviceQueue* queue = Hub::Get().Queue(device_id);
+  // A packet's bytes, taken out of the queue: reused by the thread.
+  thread_local std::vector<uint8_t> packet_bytes;
+  int64_t site_id;
+  while (consumers != nullptr && outcome == GuestOutcome::kDone &&
+         queue->NextTapSite(&site_id)) {
+    std::shared_ptr<const Site> site = FindSite(site_id);
+    if (site == nullptr) break;  // the consumer thread drops and reports it
+    std::vector<Span> args(site->columns.size());
+    int64_t bytes = kHeaderBytes;
+    for (size_t i = 0; i < args.size(); ++i) {
+      args[i].bytes = site->columns[i].nbytes;
+      bytes += AlignUp(args[i].bytes);
+    }
+    if (static_cast<int64_t>(packet_bytes.size()) < bytes) {
+      packet_bytes.resize(static_cast<size_t>(bytes));
+    }
+    IndexEntry index;
+    int64_t needed;
+    const DeviceQueue::Tap tap{site_id, bytes};
+    if (queue->TakeAsGuest(packet_bytes.data(),
+                           static_cast<int64_t>(packet_bytes.size()), &index,
+                           &needed, &tap) != 1) {
+      break;  // another thread took first, or may not be overtaken
+    }
+    int64_t offset = index.offset + kHeaderBytes;
+    for (Span& arg : args) {
+      arg.data = packet_bytes.data() + offset;
+      offset += AlignUp(arg.bytes);
+    }
+    DirectRequest request{device_id, site_id, args.data(), args.size(),
+                          nullptr, 0};
+    request.queued = true;
+    std::string error;  // a tap's own failure is recorded, and goes no further
+    if (RunWithGil(request, &error) == DirectOutcome::kInterrupted) {
+      outcome = GuestOutcome::kInterrupted;
+    }
+    queue->EndGuest();
+  }
+  PyGILState_Release(gil);
+  return outcome;
+}
 
 DirectOutcome Run(const DirectRequest& request, std::string* error) {
   PyGILState_STATE gil = PyGILState_Ensure();

@@ -45,17 +45,24 @@ namespace hcb::python {
 // counted here (OwnRunsNow), and an exception goes to `failed(entry,
 // error)`, which raises what the runner would have. Both null: the runner
 // runs every request. The first three null: no direct runs. Needs the GIL.
+// `failed_queued(entry, error)` is `failed` for a tap that waited on its
+// queue and that a later request ran (RunWaitingTaps): it records the
+// error for the barrier and returns, or raises a KeyboardInterrupt of
+// Ctrl-C, which cancels the request.
 void SetRunner(PyObject* runner, PyObject* wire, PyObject* device_buffer,
-               PyObject* consumers, PyObject* failed);
+               PyObject* consumers, PyObject* failed, PyObject* failed_queued);
 
 // From now on every request goes to the runner (which refuses them once the
 // process ends): `consumers` and `failed` are dropped. Needs the GIL.
 void StopCallingConsumers();
 
 // The runs of the consumers called without the runner, per device.
+// `queued`: of those, the taps that had waited on the queue (packets sent
+// and begun).
 struct OwnRuns {
   int64_t ran = 0;
   int64_t running = 0;
+  int64_t queued = 0;
 };
 
 // Those counts now, by device id. Needs the GIL.
@@ -68,6 +75,14 @@ bool RunsHostFunctionHere();
 
 // The DirectRunner (direct_runs.h); takes the GIL.
 DirectOutcome Run(const DirectRequest& request, std::string* error);
+
+// The GuestConsumer (direct_runs.h); takes the GIL. Runs the taps that wait
+// first on the queue of `device_id`, each written in the queue's chunks to
+// a site it knows, as a direct run of the same consumer (counted here),
+// until another kind of packet comes first or the queue may not be taken
+// (DeviceQueue::TakeAsGuest); the consumer thread runs the rest. Nothing
+// once the process ends (StopCallingConsumers).
+GuestOutcome RunWaitingTaps(int64_t device_id);
 
 }  // namespace hcb::python
 
