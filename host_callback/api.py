@@ -18,7 +18,8 @@ from .barrier import barrier
 from .host import host_side
 from .primitive import primitive
 from .host.device_numbers import most_devices
-from .host.host_functions import HostFunction, interned
+from .host.host_functions import (BuffersCallParams, CallParams,
+                                  ConsumerTapParams, TapParams, interned)
 from .host.printing import Printer
 from .receiver import QueueStats
 
@@ -244,8 +245,8 @@ def id_tap(tap_func: Callable[..., Any], arg: Any, *, result: Any = None,
   # tap, so that it happens before they are used.
   tied = [i for i, leaf in enumerate(result_leaves)
           if isinstance(leaf, (jax.Array, jax.core.Tracer))]
-  function = interned(HostFunction(
-      tap_func, arg_treedef, with_device=tap_with_device, is_call=False,
+  function = interned(TapParams(
+      func=tap_func, arg_treedef=arg_treedef, with_device=tap_with_device,
       copy=_check_flag(copy, "copy", "id_tap"),
       partitioned=_check_flag(partitioned, "partitioned", "id_tap"),
       with_shard=with_shard))
@@ -287,10 +288,9 @@ def consumer_tap(consume: Callable[..., None], operands: Sequence[Any], *,
   The arguments are not checked as `id_tap`'s are.
   """
   operands = list(operands)
-  function = HostFunction(
-      consume, jax.tree_util.tree_structure(operands), with_device=False,
-      is_call=False, partitioned=partitioned, consumer_context=context,
-      int_operands=int_operands)
+  function = ConsumerTapParams(func=consume, context=context,
+                               int_operands=int_operands,
+                               partitioned=partitioned)
   primitive.bind(operands, function=function, num_args=len(operands),
                  device_index=0)
 
@@ -485,14 +485,17 @@ def call(callback_func: Callable[..., Any], arg: Any, *,
   arg_leaves, arg_treedef = _flatten_arg(arg, "call")
   result_treedef, result_avals = _result_avals(result_shape)
   buffers = _check_flag(buffers, "buffers", "call")
-  function = interned(HostFunction(
-      callback_func, arg_treedef, with_device=call_with_device, is_call=True,
-      result_treedef=result_treedef, result_avals=result_avals,
+  fields: Dict[str, Any] = dict(
+      func=callback_func, arg_treedef=arg_treedef,
+      with_device=call_with_device, result_treedef=result_treedef,
+      result_avals=result_avals,
       copy=_check_flag(copy, "copy", "call") and not buffers,
       partitioned=_check_flag(partitioned, "partitioned", "call"),
-      with_shard=_check_flag(call_with_shard, "call_with_shard", "call"),
-      buffers=buffers, fills_out=buffers and _accepts(callback_func, "out"),
-      with_stream=buffers and _accepts(callback_func, "stream")))
+      with_shard=_check_flag(call_with_shard, "call_with_shard", "call"))
+  function = interned(
+      BuffersCallParams(**fields, fills_out=_accepts(callback_func, "out"),
+                        with_stream=_accepts(callback_func, "stream"))
+      if buffers else CallParams(**fields))
   out = primitive.bind(arg_leaves, function=function,
                        num_args=len(arg_leaves), device_index=device_index)
   return jax.tree_util.tree_unflatten(result_treedef, out)

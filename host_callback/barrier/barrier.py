@@ -38,7 +38,7 @@ from ..host import host_side
 from .. import settings
 from ..host.device_numbers import (device_number, local_devices_by_number,
                                    zero_on)
-from ..host.host_functions import HostFunction
+from ..host.host_functions import TapParams
 from ..receiver import POLL_SECONDS, ctrl_c, in_consumer_thread
 
 logger = logging.getLogger("host_callback")
@@ -137,9 +137,9 @@ def _marker_tap(name: str, number: Any, transforms: Any, *, device: Any) -> None
 @functools.lru_cache(maxsize=None)
 def _marker_computation(name: str) -> Any:
   """A jitted tap whose host function counts the marker's arrival."""
-  function = HostFunction(functools.partial(_marker_tap, name),
-                          jax.tree_util.tree_structure(0), with_device=True,
-                          is_call=False)
+  function = TapParams(func=functools.partial(_marker_tap, name),
+                       arg_treedef=jax.tree_util.tree_structure(0),
+                       with_device=True)
   # `on_device`, a zero committed to a device, places the computation there
   # (so it must be used); the marker's number, a Python int, follows it,
   # which costs less than a device_put.

@@ -1,4 +1,5 @@
-"""The user's host functions, and the consumers that run them on packets."""
+"""The host functions, one frozen class of parameters per kind (the
+primitive's `function` param), and the consumers that run them on packets."""
 
 from __future__ import annotations
 
@@ -74,57 +75,111 @@ def _unflatten(treedef: Any, leaves: Sequence[Any]) -> Any:
   return jax.tree_util.tree_unflatten(treedef, list(leaves))
 
 
-@dataclasses.dataclass(frozen=True, eq=False)
+@dataclasses.dataclass(frozen=True, eq=False, kw_only=True)
 class HostFunction:
-  """A host function and how to call it; hashed by identity, so make equal
-  ones one object with `interned`.
+  """A host function and how to call it: the primitive's `function` param,
+  one frozen class per kind, as JAX's callback primitives carry theirs.
+  Hashed by identity, so make equal ones one object with `interned`.
 
-  `result_treedef`/`result_avals` are set for `call` only. `copy` False:
-  the function gets read-only arrays that may view the device's buffers
-  (`copy=False`). `partitioned`: in automatically sharded code, each device
-  sends its own shard (see `partitioned.py`); `with_shard`: the function
-  gets `shard=`, from `shard_table` where the value is split. `buffers`
-  (a call's, with `copy` False): the results are taken as the function
-  returns them (arrays that export DLPack, exactly as `result_avals`
-  says), or, with `fills_out`, the function fills `out=` in place;
-  `with_stream`: it gets `stream=`, the GPU's stream where it runs on a
-  GPU's buffers, else None.
-  `consumer_context`: set where `func` is a consumer already, which names
-  the context of its errors itself (the eager ops' dispatcher, eager.py; a
-  tap of `api.consumer_tap`, the loop lens's): it is called as
-  `func(arrays, device_id)`, with `transforms=` (as a tap function gets
-  them) where there are any; `int_operands` (for such a consumer, set by
-  `api.consumer_tap` alone): the operands that it gets as Python ints where
-  they are int32 scalars (the site's `int_columns`; batched by `vmap`, an
-  array).
+  `copy` False: the function gets read-only arrays that may view the
+  device's buffers (`copy=False`). `partitioned`: in automatically sharded
+  code, each device sends its own shard (see `partitioned.py`).
   """
   func: Callable[..., Any]
-  arg_treedef: Any
-  with_device: bool
-  is_call: bool
-  result_treedef: Any = None
-  result_avals: Tuple[jax.core.ShapedArray, ...] = ()
   copy: bool = True
   partitioned: bool = False
-  with_shard: bool = False
-  shard_table: Optional[ShardTable] = None
-  buffers: bool = False
-  fills_out: bool = False
-  with_stream: bool = False
-  consumer_context: Optional[Callable[[], str]] = None
-  int_operands: Tuple[int, ...] = ()
 
   @property
   def name(self) -> str:
     return getattr(self.func, "__name__", repr(self.func))
 
   def _signature(self) -> Tuple[Hashable, ...]:
-    """Everything but `func`, which equal host functions share too."""
-    return (self.arg_treedef, self.with_device, self.is_call,
-            self.result_treedef, self.result_avals, self.copy,
-            self.partitioned, self.with_shard, self.shard_table,
-            self.buffers, self.fills_out, self.with_stream,
-            self.consumer_context, self.int_operands)
+    """The kind and every field but `func`, which equal host functions
+    share too."""
+    return (type(self), *(getattr(self, field.name)
+                          for field in dataclasses.fields(self)
+                          if field.name != "func"))
+
+
+@dataclasses.dataclass(frozen=True, eq=False, kw_only=True)
+class CallKind(HostFunction):
+  """The kinds that are calls: the op returns `result_avals`, the host
+  function's results, where a tap's returns its operands."""
+  result_avals: Tuple[jax.core.ShapedArray, ...]
+
+
+@dataclasses.dataclass(frozen=True, eq=False, kw_only=True)
+class UserKind(HostFunction):
+  """The kinds whose `func` is the user's, called with `arg` as the tree
+  `arg_treedef`. `with_device`: it gets `device=`; `with_shard`: it gets
+  `shard=`, from `shard_table` where the value is split."""
+  arg_treedef: Any
+  with_device: bool = False
+  with_shard: bool = False
+  shard_table: Optional[ShardTable] = None
+
+
+@dataclasses.dataclass(frozen=True, eq=False, kw_only=True)
+class ConsumerKind(HostFunction):
+  """The kinds whose `func` is a consumer already, which names the context
+  of its errors itself (`context`): called as `func(arrays, device_id)`,
+  with `transforms=` (as a tap function gets them) where there are any."""
+  context: Callable[[], str]
+
+
+@dataclasses.dataclass(frozen=True, eq=False, kw_only=True)
+class TapParams(UserKind):
+  """`id_tap`'s: `func(arg, transforms[, device=][, shard=])`."""
+
+
+@dataclasses.dataclass(frozen=True, eq=False, kw_only=True)
+class CallParams(UserKind, CallKind):
+  """`call`'s: `func(arg[, device=][, shard=])` returns a pytree
+  `result_treedef` of arrays as `result_avals` say."""
+  result_treedef: Any
+
+
+@dataclasses.dataclass(frozen=True, eq=False, kw_only=True)
+class BuffersCallParams(CallParams):
+  """A `buffers=True` call's (`copy` False): the results are taken as the
+  function returns them (arrays that export DLPack, exactly as
+  `result_avals` says), or, with `fills_out`, the function fills `out=` in
+  place; `with_stream`: it gets `stream=`, the GPU's stream where it runs
+  on a GPU's buffers, else None."""
+  fills_out: bool = False
+  with_stream: bool = False
+
+
+@dataclasses.dataclass(frozen=True, eq=False, kw_only=True)
+class ConsumerTapParams(ConsumerKind):
+  """A tap of `api.consumer_tap` (the loop lens's), or the eager tap ops'
+  dispatcher (eager.py). `int_operands` (set by `api.consumer_tap` alone):
+  the operands that it gets as Python ints where they are int32 scalars
+  (the site's `int_columns`; batched by `vmap`, an array)."""
+  int_operands: Tuple[int, ...] = ()
+
+
+@dataclasses.dataclass(frozen=True, eq=False, kw_only=True)
+class ConsumerCallParams(ConsumerKind, CallKind):
+  """The eager call ops' dispatcher (eager.py)."""
+
+
+# Every kind that is made, each held weakly by JAX's caches (primitive.py).
+KINDS = (TapParams, CallParams, BuffersCallParams, ConsumerTapParams,
+         ConsumerCallParams)
+
+
+def result_avals(function: HostFunction) -> Tuple[jax.core.ShapedArray, ...]:
+  """What the host function returns to the device: a call's results,
+  nothing for a tap."""
+  return function.result_avals if isinstance(function, CallKind) else ()
+
+
+def int_operands(function: HostFunction) -> Tuple[int, ...]:
+  """The operands that the host function gets as Python ints where they
+  are int32 scalars: a consumer tap's `int_operands`, else none."""
+  return (function.int_operands if isinstance(function, ConsumerTapParams)
+          else ())
 
 
 def _hash_of(func: Callable[..., Any]) -> int:
@@ -179,7 +234,7 @@ _interner = _Interner()
 
 def interned(function: HostFunction) -> HostFunction:
   """The live host function equal to `function` (same callable, by `==`,
-  same trees and flags), or `function` itself. Equal host functions thus
+  same kind, trees and flags), or `function` itself. Equal host functions thus
   share traces, compilations and consumers, as in the original, whose
   registry was keyed by the callable."""
   return _interner.intern(function)
@@ -217,7 +272,7 @@ def _describe_tree(treedef: Any, shapes: Sequence[str]) -> str:
           f"structured as {treedef}")
 
 
-def _structure_error(function: HostFunction, leaves: Sequence[Any],
+def _structure_error(function: CallParams, leaves: Sequence[Any],
                      treedef: Any) -> CallError:
   returned = [_describe(np.asarray(x).dtype, np.shape(x)) for x in leaves]
   expected = [_describe(a.dtype, a.shape) for a in function.result_avals]
@@ -236,7 +291,7 @@ def _structure_error(function: HostFunction, leaves: Sequence[Any],
   return CallError(message + ".")
 
 
-def _check_results(function: HostFunction, result: Any) -> Sequence[np.ndarray]:
+def _check_results(function: CallParams, result: Any) -> Sequence[np.ndarray]:
   """The flat results as arrays, or CallError when they do not match."""
   if (function.result_treedef == _ONE_ARRAY and type(result) is np.ndarray  # pylint: disable=unidiomatic-typecheck
       and result.dtype == function.result_avals[0].dtype
@@ -266,7 +321,7 @@ def _check_results(function: HostFunction, result: Any) -> Sequence[np.ndarray]:
   return arrays
 
 
-def _check_integers_fit(function: HostFunction, array: np.ndarray,
+def _check_integers_fit(function: CallParams, array: np.ndarray,
                         cast: np.ndarray) -> None:
   """Canonicalisation narrows integers (int64 to int32 without x64): a value
   that does not fit would wrap, so it is an error, as NumPy 2's
@@ -293,21 +348,36 @@ def _argument_builder(treedef: Any) -> Callable[[Sequence[np.ndarray]], Any]:
   return functools.partial(jax.tree_util.tree_unflatten, treedef)
 
 
+_Consumer = Callable[..., Optional[Sequence[Any]]]
+
+
+@functools.singledispatch
 def make_consumer(function: HostFunction, transforms: Transforms,
-                  device_by_number: Callable[[int], Any]
-                  ) -> Callable[[Sequence[np.ndarray], int],
-                                Optional[Sequence[np.ndarray]]]:
-  """The receiver-side consumer for one (host function, transforms) pair.
+                  device_by_number: Callable[[int], Any]) -> _Consumer:
+  """The receiver-side consumer for one (host function, transforms) pair,
+  made by the function of its kind, registered below.
 
   What does not change between packets (the tree, the transforms, the
   device objects) is prepared once, here.
   """
-  func = function.func
-  if function.consumer_context is not None:  # a consumer already
-    return (functools.partial(func, transforms=unpack_transforms(transforms))
-            if transforms else func)
-  argument = _argument_builder(function.arg_treedef)
-  unpacked = unpack_transforms(transforms)
+  raise TypeError(f"host_callback: no consumer for {type(function).__name__}")
+
+
+@make_consumer.register
+def _consumer_already(function: ConsumerKind, transforms: Transforms,
+                      device_by_number: Callable[[int], Any]) -> _Consumer:
+  """`func` itself, given `transforms=` where there are any."""
+  del device_by_number
+  if transforms:
+    return functools.partial(function.func,
+                             transforms=unpack_transforms(transforms))
+  return function.func
+
+
+def _device_kwargs(function: UserKind, device_by_number: Callable[[int], Any]
+                   ) -> Callable[[int, Sequence[np.ndarray]], Dict[str, Any]]:
+  """`device=` and `shard=` by device, as the function asked; prepared once
+  per device, except the shard of a value that is not split."""
   devices: Dict[int, Dict[str, Any]] = {}
   shards = (function.shard_table.shards(device_by_number,
                                         function.arg_treedef)
@@ -315,7 +385,6 @@ def make_consumer(function: HostFunction, transforms: Transforms,
 
   def device_kwargs(device_id: int,
                     arrays: Sequence[np.ndarray]) -> Dict[str, Any]:
-    """`device=` and `shard=`, as the function asked."""
     kwargs = devices.get(device_id)
     if kwargs is None:
       device = device_by_number(device_id)
@@ -329,26 +398,42 @@ def make_consumer(function: HostFunction, transforms: Transforms,
           device_by_number(device_id), function.arg_treedef, arrays)}
     return kwargs
 
-  if not function.is_call:
-    if not (function.with_device or function.with_shard):
-      def tap(arrays: Sequence[np.ndarray], device_id: int) -> None:
-        try:
-          func(argument(arrays), unpacked)
-        except BaseException:
-          stop_listeners.notify(device_id, is_call=False)
-          raise
-      return tap
+  return device_kwargs
 
-    def tap_with_device(arrays: Sequence[np.ndarray], device_id: int) -> None:
+
+@make_consumer.register
+def _tap_consumer(function: TapParams, transforms: Transforms,
+                  device_by_number: Callable[[int], Any]) -> _Consumer:
+  func = function.func
+  argument = _argument_builder(function.arg_treedef)
+  unpacked = unpack_transforms(transforms)
+  if not (function.with_device or function.with_shard):
+    def tap(arrays: Sequence[np.ndarray], device_id: int) -> None:
       try:
-        func(argument(arrays), unpacked, **device_kwargs(device_id, arrays))
+        func(argument(arrays), unpacked)
       except BaseException:
         stop_listeners.notify(device_id, is_call=False)
         raise
-    return tap_with_device
+    return tap
 
-  if function.buffers:
-    return _buffers_consumer(function, argument, device_kwargs)
+  device_kwargs = _device_kwargs(function, device_by_number)
+
+  def tap_with_device(arrays: Sequence[np.ndarray], device_id: int) -> None:
+    try:
+      func(argument(arrays), unpacked, **device_kwargs(device_id, arrays))
+    except BaseException:
+      stop_listeners.notify(device_id, is_call=False)
+      raise
+  return tap_with_device
+
+
+@make_consumer.register
+def _call_consumer(function: CallParams, transforms: Transforms,
+                   device_by_number: Callable[[int], Any]) -> _Consumer:
+  del transforms  # a call has none: vmap maps it, jvp and transpose refuse
+  func = function.func
+  argument = _argument_builder(function.arg_treedef)
+  device_kwargs = _device_kwargs(function, device_by_number)
 
   def call(arrays: Sequence[np.ndarray], device_id: int,
            outputs: Optional[Sequence[np.ndarray]] = None
@@ -361,7 +446,7 @@ def make_consumer(function: HostFunction, transforms: Transforms,
   return call
 
 
-def _run_call(function: HostFunction, device_id: int,
+def _run_call(function: CallParams, device_id: int,
               func: Callable[..., Any], arg: Any,
               kwargs: Dict[str, Any]) -> Any:
   """`func(arg, **kwargs)`, a call's host function: what it raises is a
@@ -385,10 +470,9 @@ def _run_call(function: HostFunction, device_id: int,
 _DLPACK_CPU = 1  # DLPack's kDLCPU
 
 
-def _buffers_consumer(function: HostFunction,
-                      argument: Callable[[Sequence[np.ndarray]], Any],
-                      device_kwargs: Callable[..., Dict[str, Any]]
-                      ) -> Callable[..., Optional[Sequence[Any]]]:
+@make_consumer.register
+def _buffers_consumer(function: BuffersCallParams, transforms: Transforms,
+                      device_by_number: Callable[[int], Any]) -> _Consumer:
   """The consumer of a `buffers=True` call. With `out=`, the function fills
   the `outputs` that a direct run lends (writable bytes of the device's
   result buffers, typed here as `result_avals`), which are then its results
@@ -396,7 +480,10 @@ def _buffers_consumer(function: HostFunction,
   the device's buffers. On a GPU (`stream` given) its arrays and outputs
   are the GPU's buffers (`device_buffers.CudaBuffer`), and returned arrays
   are copied into the outputs on the stream."""
+  del transforms  # as a call's
   func = function.func
+  argument = _argument_builder(function.arg_treedef)
+  device_kwargs = _device_kwargs(function, device_by_number)
 
   def call(arrays: Sequence[Any], device_id: int,
            outputs: Optional[Sequence[Any]] = None,
@@ -430,7 +517,7 @@ def _out_buffers(avals: Sequence[jax.core.ShapedArray],
           for raw, a in zip(outputs, avals)]
 
 
-def _copied_on_device(function: HostFunction, result: Any,
+def _copied_on_device(function: BuffersCallParams, result: Any,
                       outputs: Sequence[Any]) -> List[Any]:
   """The results of a `buffers=True` call on a GPU, copied into the lent
   result buffers on the GPU's stream, or CallError when one is not an
@@ -452,7 +539,7 @@ def _copied_on_device(function: HostFunction, result: Any,
   return buffers
 
 
-def _check_filled(function: HostFunction, result: Any, out: Any) -> None:
+def _check_filled(function: BuffersCallParams, result: Any, out: Any) -> None:
   """A function given `out=` returns None (or `out` itself, as NumPy's
   `out=` functions do)."""
   if result is None or result is out:
@@ -465,7 +552,7 @@ def _check_filled(function: HostFunction, result: Any, out: Any) -> None:
       "return the result")
 
 
-def _exported_results(function: HostFunction,
+def _exported_results(function: BuffersCallParams,
                       result: Any) -> Sequence[np.ndarray]:
   """The flat results of a `buffers=True` call as NumPy arrays over the
   returned arrays' memory (DLPack; no copy), or CallError when one is not
@@ -477,7 +564,7 @@ def _exported_results(function: HostFunction,
           for leaf, aval in zip(leaves, function.result_avals)]
 
 
-def _exported(function: HostFunction, leaf: Any,
+def _exported(function: BuffersCallParams, leaf: Any,
               aval: jax.core.ShapedArray) -> np.ndarray:
   expected = _describe(aval.dtype, aval.shape)
   if isinstance(leaf, np.ndarray):

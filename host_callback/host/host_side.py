@@ -21,7 +21,9 @@ from .. import _jax_adapter as adapter
 from .. import settings
 from . import transport_policy
 from .device_numbers import device_by_number
-from .host_functions import HostFunction, Transforms, make_consumer
+from .host_functions import (BuffersCallParams, CallKind, ConsumerKind,
+                             HostFunction, Transforms, int_operands,
+                             make_consumer, result_avals)
 from ..receiver import Consumer, PythonTransport, QueueStats, Runtime, Transport
 from ..receiver import native_wire, transport_native
 from ..receiver import ctrl_c
@@ -80,7 +82,7 @@ def open_device(producer: Transport, device_id: int) -> None:
 def context_of(function: HostFunction) -> str:
   """What names `function` in the error of a device that waited for it
   (a call's own errors name it)."""
-  return ("" if function.is_call else
+  return ("" if isinstance(function, CallKind) else
           f"host_callback.id_tap: the tap function {function.name}")
 
 
@@ -93,12 +95,12 @@ def register(function: HostFunction, transforms: Transforms) -> int:
     if consumer_id is None:
       consumer: Consumer
       context: Union[str, Callable[[], str]]
-      if function.consumer_context is not None:
+      if isinstance(function, ConsumerKind):
         # A host function that is a consumer already, and names the error
         # context itself: the eager ops' dispatcher (eager.py), a loop tap
         # (loops/emission.py). The consumer holds `function.func` only.
         consumer = make_consumer(function, transforms, device_by_number)
-        context = function.consumer_context
+        context = function.context
       else:
         context = context_of(function)
         # The consumer holds a copy: the receiver must not keep `function`
@@ -116,11 +118,11 @@ def register_site(producer: Transport, function: HostFunction,
   """A new site of `producer` for `function` under `transforms`."""
   site = producer.register_site(
       register(function, transforms), dtypes, shapes, name=function.name,
-      copy=function.copy, buffers=function.buffers,
+      copy=function.copy, buffers=isinstance(function, BuffersCallParams),
       packed_results=any(
           native_wire.packed_bits(np.dtype(a.dtype)) is not None
-          for a in function.result_avals),
-      int_columns=[i for i in function.int_operands
+          for a in result_avals(function)),
+      int_columns=[i for i in int_operands(function)
                    if int32_scalar(dtypes[i], shapes[i])])
   with _registrations_lock:
     _registrations_of(function).sites.add((producer.name, site))

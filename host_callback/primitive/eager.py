@@ -16,7 +16,8 @@ import numpy as np
 
 from ..host import host_side
 from ..host.device_numbers import device_by_number, device_number
-from ..host.host_functions import (CallError, HostFunction, Transforms,
+from ..host.host_functions import (CallError, CallKind, ConsumerCallParams,
+                                   ConsumerTapParams, HostFunction, Transforms,
                                    make_consumer)
 
 
@@ -44,15 +45,23 @@ def _dispatch_context() -> str:
   return getattr(_failed, "context", "")
 
 
+# The dispatcher is a consumer already, and names its error context itself
+# (see host_side.register).
+_TAP_DISPATCHER = ConsumerTapParams(func=_dispatch, context=_dispatch_context)
+
+
 @functools.lru_cache(maxsize=None)
-def eager_function(is_call: bool, result_avals: Tuple[Any, ...]
-                   ) -> HostFunction:
-  """The host function of the eager ops with this signature."""
-  # The dispatcher is a consumer already, and names its error context
-  # itself (see host_side.register).
-  return HostFunction(_dispatch, None, with_device=False, is_call=is_call,
-                      result_avals=result_avals,
-                      consumer_context=_dispatch_context)
+def _call_dispatcher(result_avals: Tuple[Any, ...]) -> ConsumerCallParams:
+  return ConsumerCallParams(func=_dispatch, context=_dispatch_context,
+                            result_avals=result_avals)
+
+
+def dispatcher_of(function: HostFunction) -> HostFunction:
+  """The host function of the eager ops that run `function`: one per kind
+  of op (a tap, or a call with these results)."""
+  if isinstance(function, CallKind):
+    return _call_dispatcher(function.result_avals)
+  return _TAP_DISPATCHER
 
 
 def is_eager_function(function: HostFunction) -> bool:

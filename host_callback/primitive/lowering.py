@@ -22,11 +22,11 @@ from typing import Any, Callable, List, Sequence
 import jax
 
 from .. import _jax_adapter as adapter
-from ..host import host_side, transport_policy
+from ..host import host_functions, host_side, transport_policy
 from . import lowering_native, lowering_python, partitioned
 from .. import settings
 from ..host.device_numbers import device_number
-from ..host.host_functions import HostFunction, Transforms
+from ..host.host_functions import CallKind, HostFunction, Transforms
 from .lowering_kinds import Kind, wire_dtype
 from .each_device import AXIS, lower_on_each_device, one_axis_mesh
 
@@ -54,7 +54,7 @@ def physical_avals(ctx: Any, num_args: int, function: HostFunction
   as the device stores them (PRNG keys as uint32 data)."""
   arg_avals = [adapter.physical_aval(a) for a in ctx.avals_in[:num_args]]
   result_avals = ([adapter.physical_aval(a) for a in ctx.avals_out]
-                  if function.is_call else [])
+                  if isinstance(function, CallKind) else [])
   return arg_avals, result_avals
 
 
@@ -78,7 +78,7 @@ def lower(ctx: Any, *operands: Any, bind: Callable[..., List[Any]],
                               function=function,
                               num_args=num_args, device_index=device_index,
                               transforms=transforms)
-    return results if function.is_call else list(operands)
+    return results if isinstance(function, CallKind) else list(operands)
 
   # Not sharded by the partitioner (or per device, inside the shard_map
   # of the two lowerings above): the op itself.
@@ -96,7 +96,7 @@ def lower(ctx: Any, *operands: Any, bind: Callable[..., List[Any]],
       [wire_dtype(a.dtype) for a in arg_avals], [a.shape for a in arg_avals])
   adapter.keep_alive_with_executable(ctx, function)
   emit = _EMITTERS[name]
-  if function.is_call:
+  if isinstance(function, CallKind):
     return emit(ctx, place, Kind.CALL, operands[:num_args], arg_avals,
                 result_avals, site)
   kind = Kind.TAP_SYNC if synchronous else Kind.TAP
@@ -122,29 +122,28 @@ def _lower_gathered(ctx: Any, *operands: Any, bind: Callable[..., List[Any]],
   sends it (and, for a call, gets the result, which it then shares with the
   others).
   """
-  result_avals = function.result_avals if function.is_call else ()
+  result_avals = host_functions.result_avals(function)
 
   def send(values):
     return bind(values, function=function, num_args=num_args,
                           device_index=0, transforms=transforms)
 
   def skip(values):
-    if not function.is_call:
+    if not isinstance(function, CallKind):
       return list(values)
     return [jax.numpy.zeros(a.shape, a.dtype) for a in result_avals]
 
   def per_device(*values):
     chosen = jax.lax.axis_index(AXIS) == device_index
     results = jax.lax.cond(chosen, send, skip, list(values))
-    if function.is_call:
+    if isinstance(function, CallKind):
       return [jax.lax.all_gather(r, AXIS)[device_index] for r in results]
     return []
 
   # Our mesh replaces the user's: drop the avals' shardings.
   unsharded = [jax.core.ShapedArray(a.shape, a.dtype, weak_type=a.weak_type)
                for a in ctx.avals_in]
-  out_avals = list(result_avals) if function.is_call else []
-  arg_ctx = ctx.replace(avals_in=unsharded, avals_out=out_avals)
+  arg_ctx = ctx.replace(avals_in=unsharded, avals_out=list(result_avals))
   results = lower_on_each_device(
       arg_ctx, per_device, one_axis_mesh(devices), *operands,
       in_specs=(jax.sharding.PartitionSpec(),) * len(operands),

@@ -24,15 +24,16 @@ from __future__ import annotations
 
 import dataclasses
 import math
-from typing import Any, Callable, List, Sequence, Tuple
+from typing import Any, Callable, Dict, List, Sequence, Tuple
 
 import jax
 import numpy as np
 
 from .. import _jax_adapter as adapter
 from ..host.device_numbers import device_number
-from ..host.host_functions import (HostFunction, Part, ShardTable, Transforms,
-                                   interned)
+from ..host import host_functions
+from ..host.host_functions import (CallKind, HostFunction, Part, ShardTable,
+                                   Transforms, UserKind, interned)
 from .each_device import lower_on_each_device
 
 P = jax.sharding.PartitionSpec
@@ -143,33 +144,32 @@ def lower(ctx: Any, *operands: Any, bind: Callable[..., List[Any]],
   device runs the host function on its own shard of the sent operands (see
   the module's doc); a tap's `result=` leaves pass by. `bind` binds the
   primitive on each device."""
-  api = "call" if function.is_call else "id_tap"
+  is_call = isinstance(function, CallKind)
   sent, arg_avals = operands[:num_args], ctx.avals_in[:num_args]
-  abstract, specs = _mesh_and_specs(ctx, sent, arg_avals, api)
+  abstract, specs = _mesh_and_specs(ctx, sent, arg_avals,
+                                    "call" if is_call else "id_tap")
   mesh = _concrete_mesh(abstract, devices)
   result_specs: List[Any] = []
-  result_avals: Tuple[Any, ...] = ()
-  if function.is_call:
+  per_shard: Dict[str, Any] = {"partitioned": False}
+  if isinstance(function, CallKind):
     like = specs[0] if specs else P()
     result_specs = [like] * len(function.result_avals)
-    result_avals = tuple(
+    per_shard["result_avals"] = tuple(
         a.update(shape=_shard_shape(a.shape, like, mesh, f"result {i}"))
         for i, a in enumerate(function.result_avals))
-  per_shard = interned(dataclasses.replace(
-      function, partitioned=False, result_avals=result_avals,
-      shard_table=(_shard_table(mesh, specs, arg_avals)
-                   if function.with_shard else None)))
+  if isinstance(function, UserKind) and function.with_shard:
+    per_shard["shard_table"] = _shard_table(mesh, specs, arg_avals)
+  shard_function = interned(dataclasses.replace(function, **per_shard))
 
   def on_each_device(*values: Any) -> List[Any]:
-    out = bind(values, function=per_shard, num_args=num_args,
+    out = bind(values, function=shard_function, num_args=num_args,
                device_index=0, transforms=transforms)
-    return out if function.is_call else []
+    return out if is_call else []
 
   op_ctx = ctx.replace(avals_in=list(arg_avals),
-                       avals_out=list(function.result_avals)
-                       if function.is_call else [])
+                       avals_out=list(host_functions.result_avals(function)))
   results = lower_on_each_device(
       op_ctx, on_each_device, mesh, *sent, in_specs=tuple(specs),
       out_specs=result_specs)
   ctx.set_tokens_out(op_ctx.tokens_out)
-  return list(results) if function.is_call else list(operands)
+  return list(results) if is_call else list(operands)

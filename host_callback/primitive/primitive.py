@@ -5,13 +5,13 @@ One primitive serves taps and calls; its lowering rule is
 keeps it in order. Its operands are the leaves sent to the
 host (`num_args` of them) followed, for taps, by the leaves of `result=`;
 a tap returns all its operands unchanged (identity), a call returns
-`function.result_avals`.
+`function.result_avals` (a `host_functions.CallKind`).
 """
 
 from __future__ import annotations
 
 import functools
-from typing import Any, List, Sequence, Tuple
+from typing import Any, List, Sequence
 
 import jax
 from jax.extend.core import Primitive
@@ -20,14 +20,16 @@ from .. import _jax_adapter as adapter
 from . import compile_retry, eager, lowering, ordering
 from .. import settings
 from .._jax_adapter import ad, batching, mlir
-from ..host.host_functions import HostFunction, Transforms
+from ..host import host_functions
+from ..host.host_functions import CallKind, HostFunction, Transforms
 
 host_callback_p = Primitive("host_callback")
 host_callback_p.multiple_results = True
 adapter.require_devices_during_lowering(host_callback_p)
 # A HostFunction in a param must not outlive the jaxprs and executables that
 # use it (see host_side.register) because a JAX cache keyed on params holds it.
-adapter.hold_weakly_in_jax_caches(HostFunction)
+for kind in host_functions.KINDS:
+  adapter.hold_weakly_in_jax_caches(kind)
 
 
 def bind(operands: Sequence[Any], *, function: HostFunction, num_args: int,
@@ -55,7 +57,7 @@ def _impl(*operands, function: HostFunction, num_args: int, device_index: int,
     device = next(iter(arrays[0].devices())) if arrays else jax.devices()[0]
     host_arrays = [_host_array(a) for a in arrays]
     result = eager.run_inline(function, transforms, host_arrays, device)
-    if not function.is_call:
+    if not isinstance(function, CallKind):
       return list(operands)
     return [jax.numpy.asarray(r) for r in result]
   if eager.is_eager_function(function) or (  # `_eager_op` under disable_jit
@@ -69,28 +71,27 @@ def _impl(*operands, function: HostFunction, num_args: int, device_index: int,
                                [_host_array(x) for x in operands[:num_args]],
                                device)
     if result is not NotImplemented:
-      if not function.is_call:
+      if not isinstance(function, CallKind):
         return list(operands)
       return [jax.device_put(r, device) for r in result]
   ticket = eager.eager_ticket(function, transforms)
   try:
-    out = _eager_op(num_args, device_index, function.is_call,
-                    function.result_avals)(ticket, *operands)
+    out = _eager_op(num_args, device_index,
+                    eager.dispatcher_of(function))(ticket, *operands)
   except BaseException:
     eager.drop_ticket(ticket)
     raise
-  return list(out) if function.is_call else list(out[1:])
+  return list(out) if isinstance(function, CallKind) else list(out[1:])
 
 
 @functools.lru_cache(maxsize=None)
-def _eager_op(num_args: int, device_index: int, is_call: bool,
-              result_avals: Tuple[Any, ...]) -> Any:
+def _eager_op(num_args: int, device_index: int,
+              dispatcher: HostFunction) -> Any:
   """The jitted op of eager taps or calls with this signature (JAX compiles
   it once per operand types and placement); it sends its first operand, the
   ticket, before the operands."""
-  function = eager.eager_function(is_call, result_avals)
   return jax.jit(lambda ticket, *operands: bind(
-      [ticket, *operands], function=function, num_args=num_args + 1,
+      [ticket, *operands], function=dispatcher, num_args=num_args + 1,
       device_index=device_index))
 
 
@@ -131,7 +132,7 @@ host_callback_p.def_impl(_impl)
 # --- abstract eval: identity for taps, the result avals for calls --------
 
 def _abstract_eval(*avals, function: HostFunction, **_):
-  out = function.result_avals if function.is_call else avals
+  out = function.result_avals if isinstance(function, CallKind) else avals
   return list(out), {adapter.host_callback_effect}
 
 
@@ -141,7 +142,7 @@ host_callback_p.def_effectful_abstract_eval(_abstract_eval)
 # --- jvp: tap the primals only; tangents pass through ---------------------
 
 def _jvp(primals, tangents, *, function: HostFunction, **params):
-  if function.is_call:
+  if isinstance(function, CallKind):
     raise NotImplementedError(
         "host_callback: differentiation rules are implemented only for "
         "id_tap, not for call. Wrap the call in jax.custom_vjp or "
@@ -163,7 +164,7 @@ def _transpose(cotangents, *operands, function: HostFunction, num_args: int,
   """As the original: a tap applied to linear values (e.g. tangents inside a
   custom_jvp rule) sends the cotangents of all its operands, with
   ("transpose", {}) appended to `transforms`, and passes them through."""
-  if function.is_call:
+  if isinstance(function, CallKind):
     raise NotImplementedError("host_callback.call cannot be transposed")
   cotangents = [ad.instantiate_zeros(ct) for ct in cotangents]
   passed = bind(cotangents, function=function, num_args=num_args,
@@ -179,7 +180,7 @@ ad.primitive_transposes[host_callback_p] = _transpose
 
 def _batch(batched_operands, batch_dims, *, function: HostFunction,
            num_args: int, device_index: int, transforms: Transforms):
-  if function.is_call:
+  if isinstance(function, CallKind):
     return _batch_call(batched_operands, batch_dims, function=function,
                        num_args=num_args, device_index=device_index,
                        transforms=transforms)

@@ -391,9 +391,9 @@ def buffers_site(func, result, site_arrays):
   from host_callback.host import host_functions  # pylint: disable=import-outside-toplevel
   from host_callback.receiver import device_buffers, native_sites, native_wire  # pylint: disable=import-outside-toplevel
   treedef, avals = api._result_avals(result)  # pylint: disable=protected-access
-  function = host_functions.HostFunction(
-      func, jax.tree_util.tree_structure(0), with_device=False, is_call=True,
-      result_treedef=treedef, result_avals=avals, copy=False, buffers=True,
+  function = host_functions.BuffersCallParams(
+      func=func, arg_treedef=jax.tree_util.tree_structure(0),
+      result_treedef=treedef, result_avals=avals, copy=False,
       fills_out=api._accepts(func, "out"),  # pylint: disable=protected-access
       with_stream=api._accepts(func, "stream"))  # pylint: disable=protected-access
   consumer = host_functions.make_consumer(function, (), lambda number: None)
