@@ -1,10 +1,13 @@
 // A direct run's arguments: see python_arguments.h.
 
-#include "python_arguments.h"
-
+// NumPy's C API table is the module's (python_sites.h): defined before any
+// header that includes NumPy's.
 #define PY_ARRAY_UNIQUE_SYMBOL hcb_ARRAY_API
 #define NO_IMPORT_ARRAY
 #define NPY_NO_DEPRECATED_API NPY_1_7_API_VERSION
+
+#include "python_arguments.h"
+
 #include <numpy/arrayobject.h>
 
 #include <cstring>
