@@ -132,14 +132,15 @@ NOTHING = {"no callback": _nothing}
 YARDSTICK = {"jit(x+1)": _plus_one}
 
 
-def _installed(module: str, name: str, rows: str, pip: str) -> Optional[Any]:
+def _installed(module: str, name: str, rows: str) -> Optional[Any]:
   """`module` where it is installed; else None, with a note that the `rows`
   rows have no `name` column."""
   try:
     return importlib.import_module(module)
   except ImportError:
     print(f"note: {name} is not installed, so the {rows} rows have no {name} "
-          f"column (pip install {pip})", file=sys.stderr)
+          f"column (the bench extra: pip install -e '.[bench]')",
+          file=sys.stderr)
     return None
 
 
@@ -157,8 +158,7 @@ def no_bar(n: int, print_rate: Optional[int]) -> Callable:
 @functools.lru_cache(maxsize=None)
 def progress_baselines() -> Dict[str, Callable]:
   """jax-tqdm's bar where it is installed; else none, with a note."""
-  jax_tqdm = _installed("jax_tqdm", "jax-tqdm", "progress-bar",
-                        "'jax-tqdm==0.4.*'")
+  jax_tqdm = _installed("jax_tqdm", "jax-tqdm", "progress-bar")
   if jax_tqdm is None:
     return {}
   return {"jax-tqdm": lambda n, print_rate: jax_tqdm.scan_tqdm(
@@ -186,7 +186,7 @@ def no_lens(f: Callable, sample_every: int) -> Callable:
 @functools.lru_cache(maxsize=None)
 def lens_baselines() -> Dict[str, Callable]:
   """jax-tap's `verbose` where it is installed; else none, with a note."""
-  jaxtap = _installed("jaxtap", "jaxtap", "loop", "jax-tap")
+  jaxtap = _installed("jaxtap", "jaxtap", "loop")
   if jaxtap is None:
     return {}
   return {"jaxtap": lambda f, sample_every: jaxtap.verbose(
