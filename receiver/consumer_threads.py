@@ -148,16 +148,13 @@ class Receiver:
     return consumed > 0
 
   def consume_device_here(self, transport: Transport, device_id: int,
-                          limit: int = sys.maxsize,
-                          waiting: bool = False) -> int:
+                          limit: int = sys.maxsize) -> int:
     """`consume_here` for one device's queue: returns how many it
-    consumed. `waiting`: a packet is known to wait (the queue is not asked
-    first). Also what a request that finds taps waiting before it runs
+    consumed. Also what a request that finds taps waiting before it runs
     (`Transport.set_guest_consumer`)."""
     consumed, taken = 0, True
     while (taken and consumed < limit and not self.is_stopped() and
-           (waiting or transport.packets_waiting(device_id))):
-      waiting = False
+           transport.packets_waiting(device_id)):
       runs = self._runs.of(transport.name, device_id)
       try:
         packets = transport.take_here(device_id)

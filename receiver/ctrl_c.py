@@ -43,7 +43,7 @@ import sys
 import threading
 import types
 import weakref
-from typing import Any, Callable, Optional, Sequence
+from typing import Any, Callable, Optional, Sequence, Tuple
 
 from .native_library import native
 
@@ -193,14 +193,14 @@ def install_excepthook(internal: Sequence[str],
   sys.excepthook = hook
 
 
-def _program_part(folders: Sequence[str],
+def _program_part(folders: Tuple[str, ...],
                   traceback: Optional[types.TracebackType]
                   ) -> Optional[types.TracebackType]:
   """`traceback`'s frames down to the call into a file under `folders`
   (what ran the computation), without that one and those below it."""
   kept = []
   while (traceback is not None and not
-         traceback.tb_frame.f_code.co_filename.startswith(tuple(folders))):
+         traceback.tb_frame.f_code.co_filename.startswith(folders)):
     kept.append(traceback)
     traceback = traceback.tb_next
   rebuilt = None

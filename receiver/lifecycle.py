@@ -109,8 +109,7 @@ class Runtime:
               self.receiver().consume_nested(transport, device_id))
           transport.set_guest_consumer(
               lambda device_id, transport=transport:
-              self.receiver().consume_device_here(transport, device_id,
-                                                  waiting=True))
+              self.receiver().consume_device_here(transport, device_id))
         self._transports = transports
       return self._transports
 

@@ -7,6 +7,7 @@
 #include <vector>
 
 #include "hub.h"
+#include "packet.h"
 #include "python_arguments.h"
 #include "python_limited.h"
 #include "python_results.h"
@@ -205,11 +206,10 @@ GuestOutcome RunWaitingTaps(int64_t device_id) {
     std::shared_ptr<const Site> site = FindSite(site_id);
     if (site == nullptr) break;  // the consumer thread drops and reports it
     std::vector<Span> args(site->columns.size());
-    int64_t bytes = kHeaderBytes;
     for (size_t i = 0; i < args.size(); ++i) {
       args[i].bytes = site->columns[i].nbytes;
-      bytes += AlignUp(args[i].bytes);
     }
+    const int64_t bytes = PacketSize(args.data(), args.size());
     if (static_cast<int64_t>(packet_bytes.size()) < bytes) {
       packet_bytes.resize(static_cast<size_t>(bytes));
     }
