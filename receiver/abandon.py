@@ -19,7 +19,7 @@ import ctypes
 import os
 import sys
 import time
-from typing import Callable, Mapping, Optional, Tuple
+from typing import Callable, Mapping, Optional
 
 from .run_counts import Left, QueueKey, RunCounts
 
@@ -33,28 +33,25 @@ _QUIET_SECONDS = 1.0
 _SETTLE_SECONDS = 0.01
 
 
-def abandon(runs: RunCounts, close_own: Callable[[], None],
+def abandon(runs: RunCounts, close_direct: Callable[[], None],
             sent: Callable[[], Mapping[QueueKey, int]],
-            own: Callable[[], Mapping[QueueKey, Tuple[int, int]]],
             executions_running: Callable[[], Optional[int]],
             why: str) -> None:
-  """Closes `runs`, and with `close_own()` the direct runs that the
-  transports count themselves (`own()`, their counts); when a host
-  function runs, a packet was dropped or an execution ran when the exit
-  began (`executions_running()`, None where not counted), writes what was
-  left
-  and ends the process with `EXIT_STATUS`. Returns only when nothing was
-  left."""
+  """Closes `runs`, and with `close_direct()` the transports' direct runs
+  that skip `DirectRunParts.run`; when a host function runs, a packet was
+  dropped or an execution ran when the exit began (`executions_running()`,
+  None where not counted), writes what was left and ends the process with
+  `EXIT_STATUS`. Returns only when nothing was left."""
   previous = sys.getswitchinterval()
   # Read first: once closed, a device's next synchronous tap is refused,
   # which ends its execution.
   executions = executions_running()
   runs.close()
-  close_own()  # from now on, direct runs go through `runs`, and refuse
+  close_direct()  # from now on, direct runs go through `runs`, and refuse
   _quiet_other_threads()
   _flush_standard_streams()
   sent_now = sent()
-  left = runs.left(sent_now, own())  # the GIL is not released from here on
+  left = runs.left(sent_now)  # the GIL is not released from here on
   if executions or any(q.running or q.dropped for q in left.values()):
     _write_holding_the_gil(report(why, left, executions))
     os._exit(EXIT_STATUS)  # pylint: disable=protected-access

@@ -197,7 +197,7 @@ class Runtime:
       self.errors.record(error)
 
     return DirectRunParts(run_direct, registry.consumers, failed,
-                          failed_queued)
+                          failed_queued, counts.slots_of(name))
 
   def run_here(self, consumer: Consumer, context: str, device_id: int,
                arrays: List[np.ndarray]) -> Optional[Sequence[np.ndarray]]:
@@ -233,16 +233,9 @@ class Runtime:
     with self._lock:
       self._register_at_exit()
 
-  def _close_own_direct_runs(self) -> None:
+  def _close_direct_runs(self) -> None:
     for transport in (self._transports or {}).values():
-      transport.close_own_direct_runs()
-
-  def _own_direct_runs(self) -> Dict[QueueKey, Tuple[int, int, int]]:
-    """Each transport's `own_direct_runs`, by queue."""
-    transports = self._transports or {}
-    return {(name, device_id): counts
-            for name, transport in transports.items()
-            for device_id, counts in transport.own_direct_runs().items()}
+      transport.close_direct_runs()
 
   def _sent(self) -> Dict[QueueKey, int]:
     """Packets sent so far by each opened queue. Takes no lock but the
@@ -351,8 +344,8 @@ class Runtime:
     None where not counted), writes what was left to stderr, beginning
     with `why`, and ends the process at once (`receiver/abandon.py`).
     Returns only when nothing was left."""
-    abandon.abandon(self.runs, self._close_own_direct_runs, self._sent,
-                    self._own_direct_runs, executions_running, why)
+    abandon.abandon(self.runs, self._close_direct_runs, self._sent,
+                    executions_running, why)
 
 
 def _log_stopped(receiver: Receiver) -> None:

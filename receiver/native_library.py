@@ -17,7 +17,7 @@ import os
 from types import ModuleType
 from typing import Any, Dict, Optional, Tuple
 
-ABI_VERSION = 22
+ABI_VERSION = 23
 
 
 def _load() -> Optional[ModuleType]:

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import dataclasses
 import threading
-from typing import (Any, Callable, List, Mapping, NoReturn, Optional, Sequence,
+from typing import (Any, Callable, Mapping, NoReturn, Optional, Sequence,
                     Union)
 
 import numpy as np
@@ -91,17 +91,19 @@ class DirectRunParts:
   with: `run` does it all. A transport may skip its frame for a request
   that is lent no buffers (every tap's): call the consumer of `consumers`
   (by id; read, never written) as `consumer(arrays, device_id)`, count the
-  run itself (`Transport.own_direct_runs`), and give an exception
-  to `failed(consumer_id, error)`, which raises what `run` would; a
-  consumer that is not there goes to `run`, which raises the error. The
-  same transport may run a tap that waited on its queue, before a
-  request, the same way (the native runner's `RunWaitingTaps`), giving
-  its exception to `failed_queued(consumer_id, error)`, which records it
-  as a receiver thread would and returns, or raises Ctrl-C's."""
+  run in the queue's counts (`run_slots(device_id)`, the slots of
+  `run_counts.QueueRuns`), and give an exception to `failed(consumer_id,
+  error)`, which raises what `run` would; a consumer that is not there
+  goes to `run`, which raises the error. The same transport may run a tap
+  that waited on its queue, before a request, the same way (the native
+  runner's `RunWaitingTaps`), giving its exception to
+  `failed_queued(consumer_id, error)`, which records it as a receiver
+  thread would and returns, or raises Ctrl-C's."""
   run: DirectRun
   consumers: Mapping[int, Callable[..., Any]]
   failed: Callable[[int, BaseException], NoReturn]
   failed_queued: Callable[[int, BaseException], None]
+  run_slots: Callable[[int], Any]
 
 
 class Reply:

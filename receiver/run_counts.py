@@ -4,9 +4,10 @@ exit), no host function begins."""
 
 from __future__ import annotations
 
+import array
 import dataclasses
 import threading
-from typing import Dict, Mapping, Tuple
+from typing import Callable, Dict, Mapping, Tuple
 
 # (transport name, device id)
 QueueKey = Tuple[str, int]
@@ -21,47 +22,62 @@ class Left:
   dropped: int
 
 
-class QueueRuns:
-  """The counts of one device queue. Its host functions run one at a time
-  (the queue's claim: its consumer, a guest, or a direct run), or nested
-  on one thread, so the counts take no lock: the GIL keeps each update
-  whole. Every run that Python makes counts itself here, with `begin` (a
-  queued packet's) or `begin_direct` (a request run on the device's
-  thread, `Runtime.direct_runner`), then `end`; the native runner's own
-  runs are counted in C++ (`Transport.own_direct_runs`) and added in
-  `RunCounts.left`."""
+# The slots of a queue's counts (`QueueRuns.slots`, int64 each): how many
+# host functions ran, run now, were queued packets that began, and were
+# refused once closed. The native runner (`native/python_runner.cc:
+# CountedCall`) counts the runs it makes in the same slots of the native
+# transport's queues (`native/run_slots.h`; `tests/test_run_counts.py`
+# checks that both say the same).
+RAN, RUNNING, BEGUN_QUEUED, REFUSED = range(4)
+SLOTS = 4
 
-  __slots__ = ("_counts", "ran", "running", "begun_queued", "refused")
+
+class QueueRuns:
+  """The counts of one device queue: one store for every route that runs
+  its host functions. They run one at a time (the queue's claim: its
+  consumer, a guest, or a direct run), or nested on one thread, so the
+  counts take no lock: the GIL keeps each update whole. A Python route
+  counts a run with `begin` (a queued packet's) or `begin_direct` (a
+  request run on the device's thread, `Runtime.direct_runner`), then
+  `end`; the native runner updates `slots` itself
+  (`DirectRunParts.run_slots`)."""
+
+  __slots__ = ("_counts", "slots")
 
   def __init__(self, counts: "RunCounts") -> None:
     self._counts = counts
-    self.ran = 0
-    self.running = 0
-    self.begun_queued = 0  # of the queue's packets (direct runs are none)
-    self.refused = 0  # direct runs that came once closed
+    self.slots = array.array("q", bytes(8 * SLOTS))
 
   def begin(self) -> bool:
     """Counts a queued packet's host function that begins, unless closed:
     then it must not run, and False is returned."""
     if self._counts.closed:
       return False
-    self.running += 1
-    self.begun_queued += 1
+    slots = self.slots
+    slots[RUNNING] += 1
+    slots[BEGUN_QUEUED] += 1
     return True
 
   def begin_direct(self) -> bool:
     """Counts a direct run's host function that begins, unless closed:
     then it is refused (and counted so), and False is returned."""
     if self._counts.closed:
-      self.refused += 1
+      self.slots[REFUSED] += 1
       return False
-    self.running += 1
+    self.slots[RUNNING] += 1
     return True
 
   def end(self) -> None:
     """The host function that `begin` allowed has returned (or raised)."""
-    self.running -= 1
-    self.ran += 1
+    slots = self.slots
+    slots[RUNNING] -= 1
+    slots[RAN] += 1
+
+  def left(self, sent: int) -> Left:
+    """The counts at the end, for a queue that was `sent` packets."""
+    slots = self.slots
+    return Left(slots[RAN], slots[RUNNING],
+                sent - slots[BEGUN_QUEUED] + slots[REFUSED])
 
 
 class RunCounts:
@@ -86,22 +102,20 @@ class RunCounts:
     """From now on no host function begins."""
     self.closed = True
 
-  def left(self, sent: Mapping[QueueKey, int],
-           own: Mapping[QueueKey, Tuple[int, int, int]]
-           ) -> Dict[QueueKey, Left]:
-    """Each queue's counts, given how many packets each was `sent` and the
-    (ran, running, queued) of the direct runs its transport counted
-    itself (`Transport.own_direct_runs`); only the queues where something
-    ran, runs or was dropped."""
+  def slots_of(self, name: str) -> Callable[[int], "array.array[int]"]:
+    """`slots_of(name)(device_id)`: the slots of that queue, which a
+    transport's native runner updates itself."""
+    return lambda device_id: self.of(name, device_id).slots
+
+  def left(self, sent: Mapping[QueueKey, int]) -> Dict[QueueKey, Left]:
+    """Each queue's counts, given how many packets each was `sent`; only
+    the queues where something ran, runs or was dropped."""
     with self._lock:
       queues = dict(self._queues)
     left = {}
-    for key in sorted(set(queues) | set(sent) | set(own)):
+    for key in sorted(set(queues) | set(sent)):
       runs = queues.get(key) or QueueRuns(self)
-      own_ran, own_running, own_queued = own.get(key, (0, 0, 0))
-      begun_queued = runs.begun_queued + own_queued
-      counts = Left(runs.ran + own_ran, runs.running + own_running,
-                    sent.get(key, 0) - begun_queued + runs.refused)
+      counts = runs.left(sent.get(key, 0))
       if counts.ran or counts.running or counts.dropped:
         left[key] = counts
     return left

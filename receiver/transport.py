@@ -8,7 +8,7 @@ consumer sides.
 from __future__ import annotations
 
 import dataclasses
-from typing import Callable, Dict, List, Protocol, Sequence, Tuple
+from typing import Callable, List, Protocol, Sequence, Tuple
 
 import numpy as np
 
@@ -90,14 +90,9 @@ class Transport(Producer, Protocol):
     `runner.run(consumer_id, device_id, arrays)` returns the results or
     raises `DirectRunError`."""
 
-  def close_own_direct_runs(self) -> None:
+  def close_direct_runs(self) -> None:
     """From now on every direct run goes through `DirectRunParts.run`,
     which refuses them once the run counts are closed."""
-
-  def own_direct_runs(self) -> Dict[int, Tuple[int, int, int]]:
-    """By device id, the (ran, running, queued) counts of the direct runs
-    the transport made without `DirectRunParts.run`: `queued`, those of
-    them that ran a tap that had waited on the queue."""
 
   def set_nested_consumer(self, consume: Callable[[int], None]) -> None:
     """Lets a device's consumer thread serve a request it makes of that

@@ -213,13 +213,11 @@ class NativeTransport:
   def set_direct_runner(self, runner: DirectRunParts) -> None:
     native.set_direct_runner(runner.run, native_wire.wire_array,
                              device_buffers.CudaBuffer, runner.consumers,
-                             runner.failed, runner.failed_queued)
+                             runner.failed, runner.failed_queued,
+                             runner.run_slots)
 
-  def close_own_direct_runs(self) -> None:
-    native.close_own_direct_runs()
-
-  def own_direct_runs(self) -> Dict[int, Tuple[int, int, int]]:
-    return native.own_direct_runs()
+  def close_direct_runs(self) -> None:
+    native.close_direct_runs()
 
   def set_nested_consumer(self, consume: Callable[[int], None]) -> None:
     native.set_nested_consumer(consume)

@@ -186,11 +186,8 @@ class PythonTransport:
   def set_direct_runner(self, runner: DirectRunParts) -> None:
     self._direct = runner.run
 
-  def close_own_direct_runs(self) -> None:
+  def close_direct_runs(self) -> None:
     pass  # its direct runs all go through `run`
-
-  def own_direct_runs(self) -> Dict[int, Tuple[int, int, int]]:
-    return {}
 
   def set_nested_consumer(self, consume: Callable[[int], None]) -> None:
     self._nested = consume

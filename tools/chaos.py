@@ -40,7 +40,6 @@ from typing import Any, Callable, Dict, List, Tuple
 
 import jax
 import jax.numpy as jnp
-import numpy as np
 
 import host_callback as hcb
 from host_callback import settings

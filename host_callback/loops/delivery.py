@@ -5,7 +5,6 @@ raises warns once and is skipped for that event."""
 from __future__ import annotations
 
 import dataclasses
-import functools
 import sys
 import warnings
 from typing import Any, Callable, Optional, Set

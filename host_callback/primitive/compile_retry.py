@@ -23,7 +23,7 @@ import os
 import sys
 import tempfile
 import threading
-from typing import Any, Callable, Iterator, Optional, Tuple
+from typing import Any, Callable, Iterator, Tuple
 
 # XLA's debug option that lists the CPU library's fusions: its default in
 # jax 0.10 to 0.12 less LIBRARY_FUSION_TYPE_REDUCE.

@@ -24,6 +24,7 @@
 #include "ffi_targets.h"
 #include "packet.h"
 #include "python_memory.h"
+#include "python_runner.h"
 #include "waits.h"
 #include "xla/ffi/api/c_api.h"
 
@@ -31,7 +32,7 @@ namespace {
 
 // Bumped whenever a function's signature changes (the module's
 // ABI_VERSION, which receiver/native_library.py checks).
-constexpr int kAbiVersion = 22;
+constexpr int kAbiVersion = 23;
 
 // Adds `name` = `value` (a new reference, or null with an exception set)
 // to `module`; false with an exception set.
@@ -42,6 +43,15 @@ bool AddConstant(PyObject* module, const char* name, PyObject* value) {
     return false;
   }
   return true;
+}
+
+// RUN_SLOTS: (RAN, RUNNING, BEGUN_QUEUED, REFUSED, SLOTS), the layout of a
+// queue's counts (python_runner.h:RunSlot, receiver/run_counts.py).
+PyObject* RunSlots() {
+  using hcb::python::RunSlot;
+  return Py_BuildValue("(iiiii)", RunSlot::kRan, RunSlot::kRunning,
+                       RunSlot::kBegunQueued, RunSlot::kRefused,
+                       RunSlot::kRunSlots);
 }
 
 // PACKED_BITS: {numpy dtype name: bits per element} of the dtypes XLA
@@ -107,6 +117,7 @@ bool AddConstants(PyObject* module) {
          AddConstant(module, "PACKED_BITS", PackedBits()) &&
          PyModule_AddStringConstant(module, "CTRL_C_CANCELLED",
                                     hcb::kCtrlCCancelled) == 0 &&
+         AddConstant(module, "RUN_SLOTS", RunSlots()) &&
          AddTargetNames(module);
 }
 

@@ -94,9 +94,10 @@ PyObject* SetNestedConsumer(PyObject*, PyObject* callable) {
 
 PyObject* SetDirectRunner(PyObject*, PyObject* args) {
   PyObject *runner, *wire, *device_buffer;
-  PyObject *consumers = Py_None, *failed = Py_None, *failed_queued = Py_None;
-  if (!PyArg_ParseTuple(args, "OOO|OOO", &runner, &wire, &device_buffer,
-                        &consumers, &failed, &failed_queued)) {
+  PyObject *consumers = Py_None, *failed = Py_None, *failed_queued = Py_None,
+           *run_slots = Py_None;
+  if (!PyArg_ParseTuple(args, "OOO|OOOO", &runner, &wire, &device_buffer,
+                        &consumers, &failed, &failed_queued, &run_slots)) {
     return nullptr;
   }
   if (consumers != Py_None && !PyDict_Check(consumers)) {
@@ -107,42 +108,25 @@ PyObject* SetDirectRunner(PyObject*, PyObject* args) {
   if (runner == Py_None || wire == Py_None || device_buffer == Py_None) {
     direct_runs.set_runner(nullptr);
     direct_runs.set_guest_consumer(nullptr);
-    SetRunner(nullptr, nullptr, nullptr, nullptr, nullptr, nullptr);
+    SetRunner(nullptr, nullptr, nullptr, nullptr, nullptr, nullptr, nullptr);
   } else {
     const bool calls_consumers = consumers != Py_None && failed != Py_None &&
-                                 failed_queued != Py_None;
-    SetRunner(runner, wire, device_buffer,
-              consumers == Py_None ? nullptr : consumers,
-              failed == Py_None ? nullptr : failed,
-              failed_queued == Py_None ? nullptr : failed_queued);
+                                 failed_queued != Py_None &&
+                                 run_slots != Py_None;
+    auto given = [](PyObject* object) {
+      return object == Py_None ? nullptr : object;
+    };
+    SetRunner(runner, wire, device_buffer, given(consumers), given(failed),
+              given(failed_queued), given(run_slots));
     direct_runs.set_runner(Run);
     direct_runs.set_guest_consumer(calls_consumers ? RunWaitingTaps : nullptr);
   }
   Py_RETURN_NONE;
 }
 
-PyObject* CloseOwnDirectRuns(PyObject*, PyObject*) {
+PyObject* CloseDirectRuns(PyObject*, PyObject*) {
   StopCallingConsumers();
   Py_RETURN_NONE;
-}
-
-PyObject* OwnDirectRuns(PyObject*, PyObject*) {
-  PyObject* runs = PyDict_New();
-  for (const auto& [device_id, counts] : OwnRunsNow()) {
-    PyObject* key = PyLong_FromLongLong(device_id);
-    PyObject* value = Py_BuildValue("(LLL)", static_cast<long long>(counts.ran),
-                                    static_cast<long long>(counts.running),
-                                    static_cast<long long>(counts.queued));
-    const bool ok = runs != nullptr && key != nullptr && value != nullptr &&
-                    PyDict_SetItem(runs, key, value) == 0;
-    Py_XDECREF(key);
-    Py_XDECREF(value);
-    if (!ok) {
-      Py_XDECREF(runs);
-      return nullptr;
-    }
-  }
-  return runs;
 }
 
 PyObject* RunsHostFunctionOnThisThread(PyObject*, PyObject*) {
@@ -192,8 +176,7 @@ PyMethodDef kHookMethods[] = {
     {"set_restart_hook", SetRestartHook, METH_O, nullptr},
     {"set_nested_consumer", SetNestedConsumer, METH_O, nullptr},
     {"set_direct_runner", SetDirectRunner, METH_VARARGS, nullptr},
-    {"close_own_direct_runs", CloseOwnDirectRuns, METH_NOARGS, nullptr},
-    {"own_direct_runs", OwnDirectRuns, METH_NOARGS, nullptr},
+    {"close_direct_runs", CloseDirectRuns, METH_NOARGS, nullptr},
     {"set_interrupt_thread", SetInterruptThread, METH_VARARGS, nullptr},
     {"runs_host_function_here", RunsHostFunctionOnThisThread, METH_NOARGS, nullptr},
     {"ctrl_c_cancellations", CtrlCCancellations, METH_NOARGS, nullptr},

@@ -22,11 +22,40 @@ PyObject* device_buffer = nullptr;
 PyObject* consumers = nullptr;  // consumer id -> consumer: a dict, read only
 PyObject* failed = nullptr;
 PyObject* failed_queued = nullptr;
+PyObject* run_slots = nullptr;  // device_id -> a queue's counts (a buffer)
 
-// The runs of the consumers called here (CallConsumer), by device id: the
-// runner counts its own. Guarded by the GIL; never erased, so that a run
-// holds its entry while its consumer runs.
-std::unordered_map<int64_t, OwnRuns> own_runs;
+// The counts of each device's queue that CallConsumer updates, by device
+// id: the buffers of `run_slots`, exported until the runner changes.
+// Guarded by the GIL.
+std::unordered_map<int64_t, Py_buffer> slots_by_device;
+
+// The kRunSlots counts of a device's queue; null with the exception set.
+int64_t* RunSlots(int64_t device_id) {
+  auto found = slots_by_device.find(device_id);
+  if (found != slots_by_device.end()) {
+    return static_cast<int64_t*>(found->second.buf);
+  }
+  PyObject* slots = PyObject_CallFunction(run_slots, "L",
+                                          static_cast<long long>(device_id));
+  if (slots == nullptr) return nullptr;
+  Py_buffer view;
+  const int exported = PyObject_GetBuffer(slots, &view, PyBUF_WRITABLE);
+  Py_DECREF(slots);
+  if (exported < 0) return nullptr;
+  if (view.len != kRunSlots * static_cast<Py_ssize_t>(sizeof(int64_t))) {
+    PyBuffer_Release(&view);
+    PyErr_SetString(PyExc_ValueError, "run_slots: not the counts' slots");
+    return nullptr;
+  }
+  slots_by_device.emplace(device_id, view);
+  return static_cast<int64_t*>(view.buf);
+}
+
+void ReleaseRunSlots() {
+  for (auto& [device_id, view] : slots_by_device) PyBuffer_Release(&view);
+  slots_by_device.clear();
+  Replace(&run_slots, nullptr);
+}
 
 // How many direct runs' runner calls the calling thread is inside (a host
 // function may run JAX code that runs another): RunsHostFunctionHere.
@@ -55,9 +84,11 @@ PyObject* CallRunner(const Site& site, const DirectRequest& request,
 
 // A plain request's consumer (a tap's, or a call's with no lent buffers),
 // called here, which costs less than the runner's Python frame: what the
-// runner does, counted in own_runs, and an exception goes through
-// `failed(entry, error)`, which raises what the runner would. A consumer
-// no longer registered goes to the runner, which raises the error.
+// runner does, counted in the queue's slots as QueueRuns.begin (a queued
+// tap's) or begin_direct and end count a Python route's run, and an
+// exception goes through `failed(entry, error)`, which raises what the
+// runner would. A consumer no longer registered goes to the runner, which
+// raises the error.
 PyObject* CallConsumer(const Site& site, const DirectRequest& request,
                        PyObject* args) {
   PyObject* consumer = PyDict_GetItemWithError(consumers, site.entry);
@@ -65,6 +96,8 @@ PyObject* CallConsumer(const Site& site, const DirectRequest& request,
     return PyErr_Occurred() ? nullptr
                             : CallRunner(site, request, args, nullptr);
   }
+  int64_t* slots = RunSlots(request.device_id);
+  if (slots == nullptr) return nullptr;
   PyObject* device_id = PyLong_FromLongLong(request.device_id);
   if (device_id == nullptr) return nullptr;
   // Held for the run: the consumer is borrowed from the dict, which the run
@@ -72,13 +105,12 @@ PyObject* CallConsumer(const Site& site, const DirectRequest& request,
   PyObject* on_failure = request.queued ? failed_queued : failed;
   Py_INCREF(consumer);
   Py_INCREF(on_failure);
-  OwnRuns& runs = own_runs[request.device_id];
-  ++runs.running;
-  if (request.queued) ++runs.queued;
+  ++slots[kRunning];
+  if (request.queued) ++slots[kBegunQueued];
   PyObject* results =
       PyObject_CallFunctionObjArgs(consumer, args, device_id, nullptr);
-  --runs.running;
-  ++runs.ran;
+  --slots[kRunning];
+  ++slots[kRan];
   Py_DECREF(consumer);
   Py_DECREF(device_id);
   PyObject* value = results == nullptr ? TakeRaised() : nullptr;
@@ -167,15 +199,19 @@ DirectOutcome RunWithGil(const DirectRequest& request, std::string* error) {
 
 void SetRunner(PyObject* new_runner, PyObject* new_wire,
                PyObject* new_device_buffer, PyObject* new_consumers,
-               PyObject* new_failed, PyObject* new_failed_queued) {
+               PyObject* new_failed, PyObject* new_failed_queued,
+               PyObject* new_run_slots) {
   if (new_consumers == nullptr || new_failed == nullptr ||
-      new_failed_queued == nullptr) {
-    new_consumers = new_failed = new_failed_queued = nullptr;
+      new_failed_queued == nullptr || new_run_slots == nullptr) {
+    new_consumers = new_failed = new_failed_queued = new_run_slots = nullptr;
   }
-  for (PyObject* object : {new_runner, new_wire, new_device_buffer,
-                           new_consumers, new_failed, new_failed_queued}) {
+  for (PyObject* object :
+       {new_runner, new_wire, new_device_buffer, new_consumers, new_failed,
+        new_failed_queued, new_run_slots}) {
     Py_XINCREF(object);
   }
+  ReleaseRunSlots();
+  run_slots = new_run_slots;
   Replace(&runner, new_runner);
   Replace(&wire, new_wire);
   Replace(&device_buffer, new_device_buffer);
@@ -188,9 +224,8 @@ void StopCallingConsumers() {
   Replace(&consumers, nullptr);
   Replace(&failed, nullptr);  // a run that holds it keeps its own reference
   Replace(&failed_queued, nullptr);
+  ReleaseRunSlots();
 }
-
-std::unordered_map<int64_t, OwnRuns> OwnRunsNow() { return own_runs; }
 
 bool RunsHostFunctionHere() { return runner_calls_here > 0; }
 

@@ -21,7 +21,6 @@
 
 #include <cstdint>
 #include <string>
-#include <unordered_map>
 
 #include "direct_runs.h"
 
@@ -42,31 +41,27 @@ namespace hcb::python {
 // With `consumers` (a dict: entry -> consumer) and `failed`, a request
 // that is lent no buffers (every tap's) skips the runner's Python frame:
 // its consumer is called here as `consumer(args, device_id)`, the run
-// counted here (OwnRunsNow), and an exception goes to `failed(entry,
-// error)`, which raises what the runner would have. Both null: the runner
-// runs every request. The first three null: no direct runs. Needs the GIL.
+// counted in the queue's slots (`run_slots(device_id)`, a writable buffer
+// of kRunSlots int64s: receiver/run_counts.py:QueueRuns.slots), and an
+// exception goes to `failed(entry, error)`, which raises what the runner
+// would have. Any of those null: the runner runs every request. The first
+// three null: no direct runs. Needs the GIL.
 // `failed_queued(entry, error)` is `failed` for a tap that waited on its
 // queue and that a later request ran (RunWaitingTaps): it records the
 // error for the barrier and returns, or raises a KeyboardInterrupt of
 // Ctrl-C, which cancels the request.
 void SetRunner(PyObject* runner, PyObject* wire, PyObject* device_buffer,
-               PyObject* consumers, PyObject* failed, PyObject* failed_queued);
+               PyObject* consumers, PyObject* failed, PyObject* failed_queued,
+               PyObject* run_slots);
 
 // From now on every request goes to the runner (which refuses them once the
-// process ends): `consumers` and `failed` are dropped. Needs the GIL.
+// process ends): `consumers`, `failed` and `run_slots` are dropped. Needs
+// the GIL.
 void StopCallingConsumers();
 
-// The runs of the consumers called without the runner, per device.
-// `queued`: of those, the taps that had waited on the queue (packets sent
-// and begun).
-struct OwnRuns {
-  int64_t ran = 0;
-  int64_t running = 0;
-  int64_t queued = 0;
-};
-
-// Those counts now, by device id. Needs the GIL.
-std::unordered_map<int64_t, OwnRuns> OwnRunsNow();
+// The slots of a queue's counts, int64 each (receiver/run_counts.py:
+// QueueRuns.slots, whose RAN, RUNNING, BEGUN_QUEUED, REFUSED these are).
+enum RunSlot : int { kRan, kRunning, kBegunQueued, kRefused, kRunSlots };
 
 // Whether the calling thread runs a host function for a direct run now,
 // so that a barrier called from it would wait for itself. The runner keeps
