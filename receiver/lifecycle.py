@@ -9,7 +9,7 @@ import logging
 import os
 import threading
 from typing import (Any, Callable, Deque, Dict, FrozenSet, List, Mapping,
-                    NoReturn, Optional, Sequence, Set, Tuple)
+                    NoReturn, Optional, Sequence, Set)
 
 import numpy as np
 
@@ -27,11 +27,10 @@ logger = logging.getLogger("host_callback")
 
 @dataclasses.dataclass(frozen=True)
 class _Retired:
-  """Consumers and sites that no executable can send to any more, and how
-  many packets each queue had been sent when they were retired: every packet
-  for them is among those."""
+  """Consumers (and so their sites) that no executable can send to any
+  more, and how many packets each queue had been sent when they were
+  retired: every packet for them is among those."""
   consumer_ids: Sequence[int]
-  sites: Sequence[Tuple[str, int]]
   sent: Optional[Mapping[QueueKey, int]]  # None: unknown
 
 
@@ -262,9 +261,9 @@ class Runtime:
         return False
     return True
 
-  def retire(self, consumer_ids: Sequence[int],
-             sites: Sequence[Tuple[str, int]]) -> None:
-    """Consumers and sites that no executable can send to any more.
+  def retire(self, consumer_ids: Sequence[int]) -> None:
+    """Consumers (and so their sites) that no executable can send to any
+    more.
 
     Called by a finalizer, so on any thread and at any allocation: it takes
     no lock that a thread holds while it allocates. When every packet for
@@ -274,12 +273,12 @@ class Runtime:
     whose packets were still waiting) once their packets are consumed.
     """
     try:
-      retired = _Retired(tuple(consumer_ids), tuple(sites), self._sent())
+      retired = _Retired(tuple(consumer_ids), self._sent())
       if self._consumed(retired.sent):
         self.registry.discard(retired.consumer_ids)
     except Exception:  # pylint: disable=broad-except
       # Counts unknown: freed once every queue is idle.
-      retired = _Retired(tuple(consumer_ids), tuple(sites), None)
+      retired = _Retired(tuple(consumer_ids), None)
     self._retired.append(retired)
 
   def release_retired(self) -> None:
@@ -295,8 +294,8 @@ class Runtime:
           self._retired.append(retired)
           continue
         self.registry.remove(retired.consumer_ids)
-        for name, site in retired.sites:
-          self._transports[name].unregister_site(site)
+        for transport in self._transports.values():
+          transport.unregister_sites_of(retired.consumer_ids)
 
   def running_receiver(self) -> Optional[Receiver]:
     return self._receiver

@@ -1,8 +1,9 @@
-"""The native transport's callback sites, by id: the owner of the site table.
+"""The native transport's callback sites: its `sites.SiteTable`, and the
+layout of each site's packets.
 
 `register_site` lays out, at lowering time, the arrays of each callback site
-(`native_wire.Column`) and records them with its consumer here. The
-extension module keeps two copies, which only this module writes, through
+(`native_wire.Column`) and records them with its consumer in `sites`. The
+extension module keeps two copies, which only this table writes, through
 the module's `register_site` and `unregister_site`: the byte sizes the
 device's arrays must have (`native/site_sizes.h:SiteSizes`, read by device
 threads without the GIL) and the dtypes, shapes and unpackers the direct
@@ -13,14 +14,13 @@ runner builds arrays of (`native/python_sites.h`).
 from __future__ import annotations
 
 import dataclasses
-import itertools
-import threading
-from typing import Dict, Sequence, Tuple
+from typing import Sequence, Tuple
 
 import numpy as np
 
 from .native_library import native
 from .native_wire import Column, align, column
+from .sites import SiteKey, SiteTable, site_key
 from .transport import int_flags
 
 
@@ -39,17 +39,14 @@ class Site:
   ints: Tuple[bool, ...]
 
 
-_sites_lock = threading.Lock()  # guards the three tables below
-sites: Dict[int, Site] = {}
-_site_ids: Dict[tuple, int] = {}
-_next_site_id = itertools.count()
+def _forget(site_id: int) -> None:
+  if native is not None:
+    native.unregister_site(site_id)
 
 
-def _key(consumer_id: int, dtypes: Sequence[np.dtype],
-         shapes: Sequence[Tuple[int, ...]]) -> tuple:
-  """What makes two registrations one site."""
-  return (consumer_id, tuple(np.dtype(d) for d in dtypes),
-          tuple(tuple(s) for s in shapes))
+# The table; a device that sends to a site it frees fails, and the site's
+# packets still queued are dropped with an error.
+sites: SiteTable[Site] = SiteTable(_forget)
 
 
 def register_site(consumer_id: int, dtypes: Sequence[np.dtype],
@@ -66,36 +63,27 @@ def register_site(consumer_id: int, dtypes: Sequence[np.dtype],
   int32 scalars, come as Python ints). Ids are never reused.
   """
   assert native is not None, "the native transport is not built"
-  key = _key(consumer_id, dtypes, shapes)
-  ints = int_flags(int_columns, key[1], key[2])
-  with _sites_lock:
-    site_id = _site_ids.get(key)
-    if site_id is not None:
-      return site_id
-    columns, offset = [], native.HEADER_BYTES
-    for dtype, shape in zip(key[1], key[2]):
-      columns.append(column(offset, dtype, shape))
-      offset += align(columns[-1].nbytes)
-    site_id = next(_next_site_id)
-    native.register_site(
-        site_id, [c.nbytes for c in columns], consumer_id, name,
-        [c.dtype for c in columns], [c.shape for c in columns],
-        [c.unpacker() for c in columns], list(ints), copy, packed_results,
-        buffers)
-    _site_ids[key] = site_id
-    sites[site_id] = Site(consumer_id, tuple(columns), offset, not copy,
-                          buffers, ints)
-    return site_id
+  key = site_key(consumer_id, dtypes, shapes)
+  ints = int_flags(int_columns, key.dtypes, key.shapes)
+  return sites.register(
+      key, lambda site_id: _laid_out(site_id, key, ints, name=name, copy=copy,
+                                     packed_results=packed_results,
+                                     buffers=buffers))
 
 
-def unregister_site(site_id: int) -> None:
-  """Frees a site; a device that sends to it from now on fails, and its
-  packets still queued are dropped with an error."""
-  assert native is not None
-  with _sites_lock:
-    site = sites.pop(site_id, None)
-    if site is None:
-      return
-    del _site_ids[_key(site.consumer_id, [c.dtype for c in site.columns],
-                       [c.shape for c in site.columns])]
-    native.unregister_site(site_id)
+def _laid_out(site_id: int, key: SiteKey, ints: Tuple[bool, ...], *,
+              name: str, copy: bool, packed_results: bool,
+              buffers: bool) -> Site:
+  """A new site's layout, copied into the module."""
+  columns, offset = [], native.HEADER_BYTES
+  for dtype, shape in zip(key.dtypes, key.shapes):
+    columns.append(column(offset, dtype, shape))
+    offset += align(columns[-1].nbytes)
+  native.register_site(
+      site_id, [c.nbytes for c in columns], key.consumer_id, name,
+      [c.dtype for c in columns], [c.shape for c in columns],
+      [c.unpacker() for c in columns], list(ints), copy, packed_results,
+      buffers)
+  return Site(key.consumer_id, tuple(columns), offset, not copy, buffers,
+              ints)
+

@@ -8,11 +8,12 @@ consumer sides.
 from __future__ import annotations
 
 import dataclasses
-from typing import Callable, List, Protocol, Sequence, Tuple
+from typing import Any, Callable, List, Protocol, Sequence, Tuple
 
 import numpy as np
 
 from .packets import DirectRunParts, Packet
+from .sites import SiteTable
 
 
 @dataclasses.dataclass(frozen=True)
@@ -38,6 +39,9 @@ class Producer(Protocol):
   def open_device(self, device_id: int) -> None:
     """Prepares the queue of a device that may send, before it sends."""
 
+  # The transport's callback sites (`sites.SiteTable`), by id.
+  sites: SiteTable[Any]
+
   def register_site(self, consumer_id: int, dtypes: Sequence[np.dtype],
                     shapes: Sequence[Tuple[int, ...]], *, name: str = "",
                     copy: bool = True, packed_results: bool = False,
@@ -52,8 +56,9 @@ class Producer(Protocol):
     and the arrays at `int_columns`, int32 scalars, come to the consumer as
     Python ints (`int_flags`)."""
 
-  def unregister_site(self, site: int) -> None:
-    """Frees a site that no executable uses any more; its id is not reused."""
+  def unregister_sites_of(self, consumer_ids: Sequence[int]) -> None:
+    """Frees the sites of consumers that no executable uses any more; their
+    ids are not reused."""
 
 
 def int32_scalar(dtype: np.dtype, shape: Tuple[int, ...]) -> bool:

@@ -159,6 +159,7 @@ class NativeTransport:
   """
 
   name = "native"
+  sites = native_sites.sites  # the module's: one per process
 
   def __init__(self) -> None:
     assert native is not None, "the native transport is not built"
@@ -194,10 +195,9 @@ class NativeTransport:
                                      copy=copy, packed_results=packed_results,
                                      buffers=buffers, int_columns=int_columns)
 
-  def unregister_site(self, site_id: int) -> None:
-    """Frees a site's layout, here and in the module; see
-    `native_sites.unregister_site`."""
-    native_sites.unregister_site(site_id)
+  def unregister_sites_of(self, consumer_ids: Sequence[int]) -> None:
+    """Frees their sites' layouts, here and in the module."""
+    self.sites.unregister_consumers(consumer_ids)
 
   # --- Receiver lifecycle ---
 

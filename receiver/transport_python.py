@@ -12,6 +12,7 @@ from .consumer_threads import consumer_thread
 from .packets import (DirectRun, DirectRunError, DirectRunParts, Packet,
                       ReceiverStopped, Reply, device_error)
 from .queues import PacketQueue
+from .sites import SiteTable, site_key
 from .transport import QueueStats, int_flags
 
 
@@ -43,7 +44,7 @@ class PythonTransport:
   As on the native transport, a request whose device queue allows it
   (`PacketQueue.claim_if_idle`) runs its host function on that thread
   instead: so a host function can run JAX code that calls the host again.
-  The transport lock guards `_queues`, `_sites` and `_listener`.
+  The transport lock guards `_queues` and `_listener`.
   """
 
   name = "python"
@@ -51,8 +52,7 @@ class PythonTransport:
   def __init__(self) -> None:
     self._lock = threading.Lock()
     self._queues: Dict[int, PacketQueue] = {}
-    # Each site, by id; None once unregistered (ids are not reused).
-    self._sites: List[Optional[_Site]] = []
+    self.sites: SiteTable[_Site] = SiteTable()
     self._listener: Optional[Callable[[int], None]] = None
     self._max_bytes = 0
     self._attached = False
@@ -73,17 +73,16 @@ class PythonTransport:
                     int_columns: Sequence[int] = ()) -> int:
     # The arrays arrive with theirs; JAX's callbacks copy a GPU's buffers.
     del name, packed_results, buffers
-    site = _Site(consumer_id, not copy, int_flags(int_columns, dtypes, shapes))
-    with self._lock:
-      self._sites.append(site)
-      return len(self._sites) - 1
+    key = site_key(consumer_id, dtypes, shapes)
+    site = _Site(consumer_id, not copy,
+                 int_flags(int_columns, key.dtypes, key.shapes))
+    return self.sites.register(key, lambda site_id: site)
 
-  def unregister_site(self, site: int) -> None:
-    with self._lock:
-      self._sites[site] = None
+  def unregister_sites_of(self, consumer_ids: Sequence[int]) -> None:
+    self.sites.unregister_consumers(consumer_ids)
 
   def _site(self, site: int) -> _Site:
-    entry = self._sites[site]
+    entry = self.sites.get(site)
     assert entry is not None, "a device sent for an unregistered site"
     return entry
 

@@ -85,7 +85,7 @@ def test_the_direct_runner_s_copy_of_a_site_names_its_ints(transport):
     assert native_sites.sites[site_id].ints == (False, True, False)
     assert native._testing_runner_site(site_id)[4] == [False, True, False]
   finally:
-    native_sites.unregister_site(site_id)
+    native_sites.sites.unregister(site_id)
   with pytest.raises(ValueError, match="only an int32 scalar comes as an int"):
     native.register_site(site_id + 10**6, [8], 10**9, "bad", [np.int64], [()],
                          [None], [True], True, False, False)

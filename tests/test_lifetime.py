@@ -20,6 +20,7 @@ import pytest
 from jax._src import dispatch
 
 import host_callback as hcb
+from host_callback.host import host_side
 from helpers import (Recorder, cpu_devices, needs_cpu_default_backend,
                      wait_until)
 
@@ -390,3 +391,22 @@ def test_synchronous_eager_call_that_raises_names_it_and_chains_the_cause():
     hcb.call(my_func, jnp.float32(1.), result_shape=jnp.float32(1.))
   assert isinstance(info.value.__cause__, KeyError)
   hcb.barrier_wait()  # does not raise: the error reached the caller
+
+
+def test_a_dropped_host_function_s_sites_are_freed(both_modes, transport):
+  """Its transport forgets the sites of its compiled operations with it:
+  the table of sites does not grow with every function compiled."""
+  sites = host_side.transport(transport).sites
+  hcb.barrier_wait()
+  gc.collect()
+  hcb.barrier_wait()
+  before = set(sites)
+  step = jax.jit(lambda x: hcb.id_tap(lambda v, _: None, x * 2))
+  step(jnp.float32(1.))
+  hcb.barrier_wait()
+  assert set(sites) > before
+  del step
+  jax.clear_caches()
+  gc.collect()
+  hcb.barrier_wait()  # frees what was retired
+  assert set(sites) <= before

@@ -112,7 +112,7 @@ def test_unregistered_site_fails_its_device(native_only, outfeed_mode):
   f = jax.jit(lambda x: hcb.id_tap(lambda v, tr: taps.append(int(v)), x))
   f(1)
   hcb.barrier_wait()
-  native.unregister_site(_newest_site())
+  native.sites.unregister(_newest_site())
   with pytest.raises(Exception, match="site .* is not registered"):
     jax.block_until_ready(f(2))
   assert taps == [1]
@@ -134,7 +134,7 @@ def test_packets_queued_for_a_freed_site_are_dropped(native_only, outfeed_mode,
   f = jax.jit(lambda x: hcb.id_tap(lambda v, tr: taps.append(int(v)), x))
   f(1)
   f(2)  # queued behind the blocked tap
-  native.unregister_site(_newest_site())
+  native.sites.unregister(_newest_site())
   with caplog.at_level(logging.ERROR, logger="host_callback"):
     release.set()
     hcb.barrier_wait()

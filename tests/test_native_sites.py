@@ -1,4 +1,4 @@
-"""The site table has one owner, `receiver/native_sites.py`: it lays out each
+"""The native transport's site table, `receiver/native_sites.py`, lays out each
 site's arrays (`native_wire.column`), and the module's `register_site`
 copies that layout into the two C++ tables that need it without Python's
 help, `SiteSizes` (the byte sizes the device threads check) and
@@ -59,12 +59,12 @@ def test_the_module_s_two_copies_say_what_native_sites_says(layout):
     with pytest.raises(RuntimeError, match="expects arrays of"):
       native._testing_check_site_sizes(site_id, sizes[:-1] + [sizes[-1] + 1])
   finally:
-    native_sites.unregister_site(site_id)
+    native_sites.sites.unregister(site_id)
 
 
 def test_both_copies_forget_a_site_with_native_sites():
   site_id = _register([np.float32], [(3,)])
-  native_sites.unregister_site(site_id)
+  native_sites.sites.unregister(site_id)
   assert site_id not in native_sites.sites
   assert native._testing_runner_site(site_id) is None
   with pytest.raises(RuntimeError, match="is not registered"):

@@ -10,7 +10,7 @@ import dataclasses
 import os
 import threading
 import weakref
-from typing import (Any, Callable, Dict, Optional, Sequence, Set, Tuple,
+from typing import (Any, Callable, Dict, Optional, Sequence, Tuple,
                     TypeVar, Union)
 
 import jax
@@ -47,10 +47,8 @@ def transport(name: str) -> Transport:
 @dataclasses.dataclass
 class _Registrations:
   """What the receiver holds for one live host function: a consumer per
-  `transforms`, and the sites of its compiled operations."""
+  `transforms` (and the transports' sites of those consumers)."""
   consumer_ids: Dict[Transforms, int] = dataclasses.field(default_factory=dict)
-  # A transport gives one site again to a lowering with the same layout.
-  sites: Set[Tuple[str, int]] = dataclasses.field(default_factory=set)
 
 
 _registrations: "weakref.WeakKeyDictionary[HostFunction, _Registrations]" = (
@@ -70,8 +68,7 @@ def _registrations_of(function: HostFunction) -> _Registrations:
 
 
 def _retire(registrations: _Registrations) -> None:
-  runtime.retire(list(registrations.consumer_ids.values()),
-                  list(registrations.sites))
+  runtime.retire(list(registrations.consumer_ids.values()))
 
 
 def open_device(producer: Transport, device_id: int) -> None:
@@ -115,8 +112,8 @@ def register(function: HostFunction, transforms: Transforms) -> int:
 def register_site(producer: Transport, function: HostFunction,
                   transforms: Transforms, dtypes: Sequence[np.dtype],
                   shapes: Sequence[Tuple[int, ...]]) -> int:
-  """A new site of `producer` for `function` under `transforms`."""
-  site = producer.register_site(
+  """A site of `producer` for `function` under `transforms`."""
+  return producer.register_site(
       register(function, transforms), dtypes, shapes, name=function.name,
       copy=function.copy, buffers=isinstance(function, BuffersCallParams),
       packed_results=any(
@@ -124,9 +121,6 @@ def register_site(producer: Transport, function: HostFunction,
           for a in result_avals(function)),
       int_columns=[i for i in int_operands(function)
                    if int32_scalar(dtypes[i], shapes[i])])
-  with _registrations_lock:
-    _registrations_of(function).sites.add((producer.name, site))
-  return site
 
 
 def raise_recorded_error() -> None:
