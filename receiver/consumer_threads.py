@@ -6,15 +6,14 @@ import collections
 import sys
 import threading
 import time
-from typing import Deque, Dict, List, Mapping, Tuple
+from typing import TYPE_CHECKING, Deque, Dict, List, Mapping, Tuple
 
-from .errors import ErrorLog
-from .ctrl_c import stopped_by_ctrl_c
 from .native_library import native
 from .packets import POLL_SECONDS, Packet
-from .registry import ConsumerRegistry
-from .run_counts import QueueRuns, RunCounts
 from .transport import QueueStats, Transport
+
+if TYPE_CHECKING:
+  from .runner import HostFunctionRunner
 
 class _ConsumerThreads(threading.local):
   """Whether the calling thread runs host functions now: a barrier called
@@ -69,12 +68,10 @@ class Receiver:
   """
 
   def __init__(self, transports: Mapping[str, Transport], max_bytes: int,
-               registry: ConsumerRegistry, errors: ErrorLog,
-               runs: RunCounts) -> None:
+               runner: "HostFunctionRunner") -> None:
     self._stopped = threading.Event()
-    self._registry = registry
-    self._errors = errors
-    self._runs = runs
+    self._runner = runner
+    self._runs = runner.runs
     self._lock = threading.Lock()
     self._threads: Dict[Tuple[str, int], threading.Thread] = {}
     # Per queue, the packets its consumer thread took and has not begun to
@@ -120,7 +117,7 @@ class Receiver:
     runs = self._runs.of(transport.name, device_id)
     while taken:
       packet = taken.popleft()
-      self._consume(packet, runs)
+      self._runner.run_queued(packet, runs)
       transport.mark_finished(device_id, packet)
       del packet  # a large packet's memory returns to its pool now
 
@@ -160,39 +157,12 @@ class Receiver:
         packets = transport.take_here(device_id)
         with consumer_thread():
           for packet in packets:
-            self._consume(packet, runs, raise_interrupt=True)
+            self._runner.run_queued(packet, runs, raise_interrupt=True)
       finally:
         transport.finish_here(device_id)  # also when interrupted
       taken = bool(packets)
       consumed += len(packets)
     return consumed
-
-  def _consume(self, packet: Packet, runs: QueueRuns,
-               raise_interrupt: bool = False) -> None:
-    """Runs the packet's consumer and replies to a request, counted in
-    `runs`; once they are closed (the process ends), drops it. An error,
-    also one in delivering the reply (e.g. results the device cannot
-    take), is recorded for the barrier and, for a request, fails the
-    device; with `raise_interrupt`, Ctrl-C on the main thread fails the
-    device, and is raised instead."""
-    if not runs.begin():
-      return
-    try:
-      consumer = self._registry.get(packet.consumer_id)
-      result = consumer(packet.arrays, packet.device_id)
-      if packet.reply is not None:
-        packet.reply.set_result(result if result is not None else ())
-    except BaseException as error:  # pylint: disable=broad-except
-      interrupted = raise_interrupt and stopped_by_ctrl_c(error)
-      waiting = packet.reply is not None and not packet.reply.done
-      if not interrupted:
-        self._errors.record(error, delivered=packet.reply is not None)
-      if waiting:
-        packet.reply.set_error(error, self._registry.context(packet.consumer_id))
-      if interrupted:
-        raise
-    finally:
-      runs.end()
 
   def wait_processed(self) -> None:
     """Waits until every packet sent so far has been consumed."""

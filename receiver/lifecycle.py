@@ -8,19 +8,16 @@ import dataclasses
 import logging
 import os
 import threading
-from typing import (Any, Callable, Deque, Dict, FrozenSet, List, Mapping,
-                    NoReturn, Optional, Sequence, Set)
-
-import numpy as np
+from typing import (Callable, Deque, Dict, FrozenSet, Mapping, Optional,
+                    Sequence, Set)
 
 from . import abandon
 from .blocking import BlockingCalls
 from .errors import ErrorLog
-from .ctrl_c import stopped_by_ctrl_c
-from .consumer_threads import Receiver, consumer_thread
-from .packets import DirectRunError, DirectRunParts, ReceiverStopped, device_error
-from .registry import Consumer, ConsumerRegistry, Tickets
-from .run_counts import QueueKey, QueueRuns, RunCounts
+from .consumer_threads import Receiver
+from .registry import ConsumerRegistry, Tickets
+from .run_counts import QueueKey, RunCounts
+from .runner import HostFunctionRunner
 from .transport import Transport
 
 logger = logging.getLogger("host_callback")
@@ -53,6 +50,7 @@ class Runtime:
     self.tickets = Tickets()  # the eager ops' one-shot consumers
     self.errors = ErrorLog()
     self.runs = RunCounts()
+    self.runner = HostFunctionRunner(self.registry, self.errors, self.runs)
     # What no executable uses any more, until its packets are consumed.
     self._retired: Deque[_Retired] = collections.deque()
     # The queues opened through `open_device`, readable without a lock.
@@ -102,7 +100,8 @@ class Runtime:
         transports = dict(self._make_transports())
         for transport in transports.values():
           transport.set_restart_hook(self.receiver)
-          transport.set_direct_runner(self.direct_runner(transport.name))
+          transport.set_direct_runner(
+              self.runner.direct_parts(transport.name))
           transport.set_nested_consumer(
               lambda device_id, transport=transport:
               self.receiver().consume_nested(transport, device_id))
@@ -122,8 +121,7 @@ class Runtime:
     with self._lock:
       if self._receiver is None:
         max_bytes = self._max_bytes()
-        self._receiver = Receiver(transports, max_bytes, self.registry,
-                                  self.errors, self.runs)
+        self._receiver = Receiver(transports, max_bytes, self.runner)
         logger.debug("host_callback: receiver started (transports %s; at "
                       "most %d bytes waiting per device)",
                       ", ".join(transports), max_bytes)
@@ -143,74 +141,6 @@ class Runtime:
       self._at_exit_registered = True
       self._at_first_use()
       self.blocking_calls.start()
-
-  def direct_runner(self, name: str) -> DirectRunParts:
-    """How transport `name` runs a request's consumer on the calling device
-    thread, as its receiver thread would: `run(consumer_id, device_id,
-    arrays[, outputs[, stream]])` records an error, then raises it as
-    `DirectRunError` (`failed`). Once the process ends (`abandon`), fails.
-    The transport marks the thread as running host functions
-    (`in_consumer_thread`). `outputs`, the device's result buffers lent to
-    a call's consumer (the native runner lends them to a copy=False
-    site's), go to the consumer, which may fill them and return views of
-    them. On a GPU (a buffers=True site's call) `arrays` and `outputs` are
-    `device_buffers.CudaBuffer`s and `stream` the computation's, which the
-    consumer also gets; it writes the results into `outputs` on that
-    stream."""
-    # What does not change between runs is bound here.
-    runs_by_device: Dict[int, QueueRuns] = {}
-    counts, registry = self.runs, self.registry
-    lookup = registry.consumers.get
-
-    def failed(consumer_id: int, error: BaseException) -> NoReturn:
-      self.errors.record(error, delivered=True)  # the device fails with it
-      raise DirectRunError(error, registry.context(consumer_id),
-                           interrupted=stopped_by_ctrl_c(error)) from error
-
-    def run_direct(consumer_id: int, device_id: int, arrays: List[Any],
-                   outputs: Optional[Sequence[Any]] = None,
-                   stream: Optional[int] = None) -> Optional[Sequence[Any]]:
-      runs = runs_by_device.get(device_id)
-      if runs is None:
-        runs = runs_by_device[device_id] = counts.of(name, device_id)
-      if not runs.begin_direct():
-        raise ReceiverStopped("host_callback: the process is ending after "
-                              "Ctrl-C; host functions no longer run")
-      try:
-        consumer = lookup(consumer_id)
-        if consumer is None:
-          consumer = registry.get(consumer_id)  # raises: it was released
-        if outputs is None:
-          return consumer(arrays, device_id)
-        if stream is None:
-          return consumer(arrays, device_id, outputs)
-        return consumer(arrays, device_id, outputs, stream)
-      except BaseException as error:  # pylint: disable=broad-except
-        failed(consumer_id, error)
-      finally:
-        runs.end()
-    def failed_queued(consumer_id: int, error: BaseException) -> None:
-      del consumer_id  # the error names its host function
-      if stopped_by_ctrl_c(error):
-        raise error
-      self.errors.record(error)
-
-    return DirectRunParts(run_direct, registry.consumers, failed,
-                          failed_queued, counts.slots_of(name))
-
-  def run_here(self, consumer: Consumer, context: str, device_id: int,
-               arrays: List[np.ndarray]) -> Optional[Sequence[np.ndarray]]:
-    """Runs an unregistered consumer on the calling thread as a direct run
-    does, and raises what a device that waited for it would."""
-    with consumer_thread():
-      try:
-        return consumer(arrays, device_id)
-      except BaseException as error:  # pylint: disable=broad-except
-        self.errors.record(error, delivered=True)  # the caller gets it
-        raised = device_error(error, context)  # chained to `error`
-        if raised is error:
-          raise
-        raise raised  # pylint: disable=raise-missing-from
 
   def idle(self, device_id: int) -> bool:
     """Whether no packet of the device waits on any opened queue."""

@@ -81,7 +81,7 @@ class DirectRunError(Exception):
 # `run(consumer_id, device_id, arrays[, outputs[, stream]])` returns its
 # results (None for none; views of the lent `outputs` once it filled them;
 # a GPU's `stream` with its buffers, device_buffers.py) or raises
-# `DirectRunError` (receiver/lifecycle.py:Runtime.direct_runner).
+# `DirectRunError` (receiver/runner.py:HostFunctionRunner.direct_parts).
 DirectRun = Callable[..., Optional[Sequence[np.ndarray]]]
 
 

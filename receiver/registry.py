@@ -11,7 +11,7 @@ import numpy as np
 # A consumer gets the packet's arrays and the sending device's id, and returns
 # the arrays of the reply (for a `call`) or None (for a tap). A call's
 # consumer run directly may also get `outputs`, the device's result buffers
-# as writable bytes (Runtime.direct_runner), and return views of them once it
+# as writable bytes (runner.py:HostFunctionRunner.direct_parts), and return views of them once it
 # filled them; on a GPU, also the computation's `stream`, with its arrays
 # and outputs the GPU's buffers (device_buffers.CudaBuffer).
 Consumer = Callable[..., Optional[Sequence[np.ndarray]]]

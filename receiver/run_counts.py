@@ -38,7 +38,7 @@ class QueueRuns:
   consumer, a guest, or a direct run), or nested on one thread, so the
   counts take no lock: the GIL keeps each update whole. A Python route
   counts a run with `begin` (a queued packet's) or `begin_direct` (a
-  request run on the device's thread, `Runtime.direct_runner`), then
+  request run on the device's thread, `HostFunctionRunner.direct_parts`), then
   `end`; the native runner updates `slots` itself
   (`DirectRunParts.run_slots`)."""
 

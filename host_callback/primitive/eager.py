@@ -87,7 +87,7 @@ def run_eager(function: HostFunction, transforms: Transforms,
     return NotImplemented  # the eager op queues behind those packets
   consumer = make_consumer(function, transforms, device_by_number)
   try:
-    return host_side.runtime.run_here(
+    return host_side.runtime.runner.run_here(
         consumer, host_side.context_of(function), number, list(arrays))
   except Exception as error:  # pylint: disable=broad-except
     # What the compiled op's caller gets: JAX's error for a failed
