@@ -111,7 +111,8 @@ SOURCES = (
 HEADERS = (
     "status.h", "packet.h", "waits.h", "block_pool.h", "device_queue.h",
     "calls.h", "direct_runs.h", "interrupts.h", "receiver_link.h",
-    "site_sizes.h", "hub.h", "executions.h", "ffi_common.h", "ffi_targets.h",
+    "site_sizes.h", "hub.h", "executions.h", "dispatches.h", "ffi_common.h",
+    "ffi_targets.h",
     "huge_pages.h", "ffi_cpu.h",
     "cuda_api.h", "cuda_copies.h", "ffi_cuda.h",
     "module_support.h", "python_hooks.h", "python_limited.h",

@@ -20,6 +20,7 @@ from jax.interpreters import ad, batching, mlir
 from jax.interpreters import partial_eval as pe
 
 # The private modules, each imported once here and nowhere else.
+from jax._src import api as _api
 from jax._src import callback as _callback
 from jax._src import config as _config
 from jax._src import core as _core
@@ -515,6 +516,35 @@ def forget_runtime_tokens() -> None:
   _dispatch.runtime_tokens.output_runtime_tokens.clear()
 
 
+def runtime_tokens_pending() -> bool:
+  """Whether the calling thread holds JAX runtime tokens (see
+  `forget_failed_runtime_tokens`): a computation with host callbacks
+  dispatched through JAX's Python path since they were last dropped."""
+  return bool(_dispatch.runtime_tokens.output_runtime_tokens)
+
+
+# What JAX calls after each dispatch through its C++ fast path of a jitted
+# function (jitted, pmapped or ahead-of-time compiled; not the first call,
+# which goes through the Python path): jax._src.api._post_hook_state, which
+# jax_debug_nans and jax_debug_infs set to their check. Checked against jax
+# 0.10.2; None where it is missing.
+_POST_HOOK = getattr(_api, "_post_hook_state", None)
+
+
+def hook_dispatches(hook: Callable[..., None]) -> None:
+  """Makes JAX call `hook(*anything)` after each fast-path dispatch, unless
+  another hook is set (jax_debug_nans's check, which JAX sets and unsets
+  when that option changes)."""
+  if _POST_HOOK is not None and _POST_HOOK.get_global() is None:
+    _POST_HOOK.set_global(hook)
+
+
+def dispatches_hooked(hook: Callable[..., None]) -> bool:
+  """Whether JAX calls `hook` after each fast-path dispatch on this
+  thread."""
+  return _POST_HOOK is not None and _POST_HOOK.value is hook
+
+
 def execute_without_arguments(executable: Any) -> Any:
   """Dispatches a compiled computation that takes no arguments, as a jitted
   call would (on the calling thread's execution stream); returns jaxlib's
@@ -824,7 +854,8 @@ __all__ = [
     "set_per_device_sharding", "run_to_completion_at_dispatch",
     "forget_failed_runtime_tokens", "forget_runtime_tokens",
     "release_finished_runtime_tokens",
-    "execute_without_arguments",
+    "execute_without_arguments", "runtime_tokens_pending", "hook_dispatches",
+    "dispatches_hooked",
     "outside_the_program_mesh", "keep_alive_with_executable",
     "thread_token", "tracing", "install_patches", "PATCHES", "scope_eqn",
     "lower_scope_body", "mark_module",

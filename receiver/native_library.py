@@ -15,9 +15,9 @@ from __future__ import annotations
 
 import os
 from types import ModuleType
-from typing import Any, Dict, Optional, Tuple
+from typing import Any, Callable, Dict, Optional, Tuple
 
-ABI_VERSION = 23
+ABI_VERSION = 24
 
 
 def _load() -> Optional[ModuleType]:
@@ -127,6 +127,30 @@ def execution_failed() -> None:
   """An execution stopped at one of our Python callbacks, which raised."""
   assert native is not None, "the native transport is not built"
   native.execution_failed()
+
+
+# --- Dispatches and the idle check (see native/dispatches.h) --------------
+
+def dispatch_hook() -> Callable[..., None]:
+  """The builtin that counts one dispatch on the calling thread, whatever
+  its arguments: what JAX calls after each dispatch (a Python function
+  would cost every dispatch more)."""
+  assert native is not None, "the native transport is not built"
+  return native.note_dispatch
+
+
+def dispatches() -> Tuple[int, int]:
+  """Dispatches noted ever on the calling thread, and on all threads."""
+  assert native is not None, "the native transport is not built"
+  return native.dispatches()
+
+
+def settled(on_this_thread: int, on_all: int, given_up: int) -> bool:
+  """Whether the dispatches noted are still these counts (`on_all` < 0:
+  whatever other threads dispatched), at most `given_up` executions are in
+  flight, and every native queue is drained."""
+  assert native is not None, "the native transport is not built"
+  return native.settled(on_this_thread, on_all, given_up)
 
 
 def pool_stats() -> Dict[str, int]:

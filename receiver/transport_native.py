@@ -28,8 +28,9 @@ from .native_library import native
 # through this module): see native_library for each.
 from .native_library import (
     BEGIN_TARGET, CALL_TARGET, END_TARGET, OUTFEED_TARGET, TAP_SYNC_TARGET,
-    available, cuda_ffi_handlers, execution_failed, executions, ffi_handlers,
-    load_cuda_runtime, reset_executions_low_water)
+    available, cuda_ffi_handlers, dispatch_hook, dispatches, execution_failed,
+    executions, ffi_handlers, load_cuda_runtime, reset_executions_low_water,
+    settled)
 from .native_memory import BatchBuffer
 from .packets import POLL_SECONDS, DirectRunParts, Packet
 from .transport import QueueStats
@@ -37,8 +38,9 @@ from .transport import QueueStats
 __all__ = [
     "NativeTransport", "BEGIN_TARGET", "CALL_TARGET", "END_TARGET",
     "OUTFEED_TARGET", "TAP_SYNC_TARGET", "available", "cuda_ffi_handlers",
-    "execution_failed", "executions", "ffi_handlers", "load_cuda_runtime",
-    "reset_executions_low_water",
+    "dispatch_hook", "dispatches", "execution_failed", "executions",
+    "ffi_handlers", "load_cuda_runtime", "reset_executions_low_water",
+    "settled",
 ]
 
 # A batch taken from a queue holds at most this many packets and bytes (but

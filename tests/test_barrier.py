@@ -318,3 +318,50 @@ def test_markers_run_jitted_except_while_jax_traces(while_tracing):
   assert quiet == [True]
   compiled = barrier._compiled_marker.cache_info().currsize  # pylint: disable=protected-access
   assert (compiled > 0) == while_tracing
+
+
+@pytest.mark.parametrize("debug_nans", [True, False])
+def test_barrier_waits_when_jax_debug_nans_took_the_dispatch_hook(
+    debug_nans):
+  """jax_debug_nans sets (and unsets) the hook through which the idle
+  barrier counts dispatches: a step whose input was not ready, dispatched
+  while it is set or after it was unset, is still waited for."""
+  recorder = Recorder()
+  step = jax.jit(lambda y: hcb.id_tap(recorder, jnp.sum(y[0, :3])))
+  x = _busy_input(cpu_devices(1)[0])
+  step(x)
+  hcb.barrier_wait()
+  hcb.barrier_wait()  # idle
+  recorder.calls.clear()
+  jax.config.update("jax_debug_nans", True)
+  try:
+    jax.config.update("jax_debug_nans", debug_nans)
+    step(_busy(x))  # output dropped at once
+    hcb.barrier_wait()
+  finally:
+    jax.config.update("jax_debug_nans", False)
+  assert len(recorder.args) == 1
+
+
+def test_barrier_waits_for_a_new_pmap_first_called_on_another_thread():
+  """The first call of a pmap goes through JAX's Python path, which reports
+  no dispatch: made on another thread after an idle barrier, behind a busy
+  computation also called first, its taps are still waited for."""
+  devices = cpu_devices(4)
+  x = jnp.full((4, 700, 700), 1e-3, jnp.float32)
+  hcb.barrier_wait()
+  hcb.barrier_wait()  # idle
+  recorder = Recorder()
+
+  def first_calls():
+    busy = jax.pmap(lambda x, i: _busy(x)[0, 0] * 0.0 + i, devices=devices)
+    step = jax.pmap(lambda v: hcb.id_tap(recorder, v, tap_with_device=True),
+                    devices=devices)
+    step(busy(x, jnp.arange(4.0)))  # waits for busy; output dropped at once
+
+  thread = threading.Thread(target=first_calls)
+  thread.start()
+  thread.join()
+  hcb.barrier_wait()
+  assert recorder.by_device() == {d.id: [float(i)]
+                                  for i, d in enumerate(devices)}

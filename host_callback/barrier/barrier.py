@@ -33,7 +33,7 @@ import numpy as np
 
 from .. import _jax_adapter as adapter
 from ..primitive import executions, primitive
-from . import probes
+from . import idle, probes
 from ..host import host_side
 from .. import settings
 from ..host.device_numbers import (device_number, local_devices_by_number,
@@ -176,6 +176,10 @@ class _InFlight:
     self._lock = threading.Lock()
     self._given_up = 0
 
+  def given_up(self) -> int:
+    """The executions in flight given up on."""
+    return self._given_up
+
   def none(self) -> bool:
     """Whether none is running now, but those given up on."""
     with self._lock:
@@ -301,8 +305,9 @@ def _marker_round() -> bool:
               for key, sent in sent_before.items()))
 
 
-def _wait_for_devices() -> None:
-  """Waits until every callback of the computations dispatched so far ran.
+def _wait_for_devices() -> bool:
+  """Waits until every callback of the computations dispatched so far ran;
+  returns whether the CPU probes covered every device.
 
   On CPU the probes say when every computation that this thread
   dispatched so far has finished; then, unless one of ours still runs
@@ -325,7 +330,7 @@ def _wait_for_devices() -> None:
       if not _in_flight.none():
         break
       if host_side.queues_drained():
-        return
+        return True
       if not host_side.runtime.consume_here(_CONSUMED_HERE):
         host_side.wait_released()
   busy, quiet_since = False, None
@@ -341,6 +346,7 @@ def _wait_for_devices() -> None:
     if time.monotonic() - quiet_since >= _SETTLE_SECONDS:
       break
   host_side.wait_released()
+  return covered
 
 
 def _release_runtime_tokens() -> None:
@@ -369,12 +375,15 @@ def barrier_wait(logging_name: Optional[str] = None) -> None:
   """See `host_callback.barrier_wait`."""
   _check_not_in_consumer("barrier_wait")
   host_side.runtime.check_usable()
-  logger.debug("barrier_wait[%s]: start", logging_name)
-  _wait_for_devices()
-  _release_runtime_tokens()
+  if not idle.idle(_in_flight.given_up()):
+    logger.debug("barrier_wait[%s]: start", logging_name)
+    began = idle.begin()
+    if _wait_for_devices():
+      idle.waited(began)
+    _release_runtime_tokens()
+    logger.debug("barrier_wait[%s]: done", logging_name)
   host_side.runtime.release_retired()
   _waited()
-  logger.debug("barrier_wait[%s]: done", logging_name)
   host_side.raise_recorded_error()
 
 

@@ -19,7 +19,6 @@ device run in dispatch order, which keeps taps ordered across them.
 from __future__ import annotations
 
 import functools
-import threading
 from typing import Any, Iterator, List, Sequence, Tuple
 
 import jax
@@ -47,14 +46,20 @@ def _abstract_eval(*avals: Any, jaxpr: Any):
 host_callback_scope_p.def_effectful_abstract_eval(_abstract_eval)
 
 
-# Set once a computation of ours over several devices was lowered: from then
-# on the barrier probes across two devices too (barrier/probes.py).
-_multi_device_lowered = threading.Event()
+# How many computations of ours over several devices were lowered: once one
+# was, the barrier probes across two devices too (barrier/probes.py), and
+# its idle check holds only while no more were (barrier/idle.py).
+_multi_device_lowerings = 0
+
+
+def multi_device_lowerings() -> int:
+  """How many computations of ours over several devices were lowered."""
+  return _multi_device_lowerings
 
 
 def multi_device_lowered() -> bool:
   """Whether a computation of ours over several devices was lowered."""
-  return _multi_device_lowered.is_set()
+  return _multi_device_lowerings > 0
 
 
 def kept_results(ctx: Any, outs: Sequence[Any]) -> List[Tuple[Any, Any]]:
@@ -76,8 +81,9 @@ def kept_results(ctx: Any, outs: Sequence[Any]) -> List[Tuple[Any, Any]]:
 
 
 def _lower(ctx: Any, *args: Any, jaxpr: Any) -> List[Any]:
+  global _multi_device_lowerings
   if adapter.device_count(ctx) > 1:
-    _multi_device_lowered.set()
+    _multi_device_lowerings += 1
   if not executions.counted(ctx):
     adapter.mark_module(ctx, root_kept=len(jaxpr.outvars) != 1)
     return adapter.lower_scope_body(ctx, jaxpr, args, _EFFECT, lambda t: t,

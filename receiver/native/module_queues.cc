@@ -1,7 +1,8 @@
 // The module's functions over the queues and sites: the receiver attaching
 // and detaching, the sites' registration, a consumer's batches and
 // releases, a guest's packet, the waits and statistics of barriers, the
-// replies to requests, the executions count and the CPU's FFI handlers. The
+// replies to requests, the executions and dispatches counts, barrier_wait's
+// idle check and the CPU's FFI handlers. The
 // Python side is receiver/native_library.py and receiver/transport_native.py.
 
 #include "module_support.h"
@@ -13,6 +14,7 @@
 #include <cstdint>
 #include <vector>
 
+#include "dispatches.h"
 #include "executions.h"
 #include "ffi_cpu.h"
 #include "ffi_targets.h"
@@ -38,6 +40,39 @@ PyObject* ResetExecutionsLowWater(PyObject*, PyObject*) {
 PyObject* ExecutionFailed(PyObject*, PyObject*) {
   hcb::Executions::Get().End();
   Py_RETURN_NONE;
+}
+
+// note_dispatch(*args, **kwargs): JAX's dispatch reports one (the
+// arguments, which JAX passes, are ignored).
+PyObject* NoteDispatch(PyObject*, PyObject* const*, Py_ssize_t, PyObject*) {
+  hcb::Dispatches::Get().Note();
+  Py_RETURN_NONE;
+}
+
+// dispatches() -> (noted on the calling thread, on all threads).
+PyObject* DispatchCounts(PyObject*, PyObject*) {
+  const hcb::Dispatches& dispatches = hcb::Dispatches::Get();
+  return Py_BuildValue("(LL)", static_cast<long long>(dispatches.OnThisThread()),
+                       static_cast<long long>(dispatches.All()));
+}
+
+// settled(on_this_thread, all, given_up): whether the dispatches noted are
+// still those counts (`all` < 0: any number on other threads), at most
+// `given_up` executions are in flight and every queue is drained.
+PyObject* Settled(PyObject*, PyObject* args) {
+  long long on_this_thread, all, given_up;
+  if (!PyArg_ParseTuple(args, "LLL", &on_this_thread, &all, &given_up)) {
+    return nullptr;
+  }
+  const hcb::Dispatches& dispatches = hcb::Dispatches::Get();
+  if (dispatches.OnThisThread() != on_this_thread ||
+      (all >= 0 && dispatches.All() != all)) {
+    Py_RETURN_FALSE;
+  }
+  int64_t executions[3];
+  hcb::Executions::Get().Read(executions);
+  if (executions[1] > given_up) Py_RETURN_FALSE;
+  return CatchToPython([&] { return PyBool_FromLong(hub().Drained()); });
 }
 
 PyObject* AttachReceiver(PyObject*, PyObject* args) {
@@ -256,6 +291,11 @@ PyMethodDef kQueueMethods[] = {
     {"reset_executions_low_water", ResetExecutionsLowWater, METH_NOARGS,
      nullptr},
     {"execution_failed", ExecutionFailed, METH_NOARGS, nullptr},
+    {"note_dispatch", reinterpret_cast<PyCFunction>(
+                          reinterpret_cast<void (*)()>(NoteDispatch)),
+     METH_FASTCALL | METH_KEYWORDS, nullptr},
+    {"dispatches", DispatchCounts, METH_NOARGS, nullptr},
+    {"settled", Settled, METH_VARARGS, nullptr},
     {"attach", AttachReceiver, METH_VARARGS, nullptr},
     {"detach", DetachReceiver, METH_NOARGS, nullptr},
     {"wake_consumers", WakeConsumers, METH_NOARGS, nullptr},
