@@ -145,12 +145,14 @@ def dispatches() -> Tuple[int, int]:
   return native.dispatches()
 
 
-def settled(on_this_thread: int, on_all: int, given_up: int) -> bool:
-  """Whether the dispatches noted are still these counts (`on_all` < 0:
-  whatever other threads dispatched), at most `given_up` executions are in
-  flight, and every native queue is drained."""
+def settled_check() -> Callable[[int, int, int], bool]:
+  """`check(on_this_thread, on_all, given_up)`: whether the dispatches
+  noted are still these counts (`on_all` < 0: whatever other threads
+  dispatched), at most `given_up` executions are in flight, and every
+  native queue is drained. The module's builtin, which an idle barrier
+  calls with no Python frame between."""
   assert native is not None, "the native transport is not built"
-  return native.settled(on_this_thread, on_all, given_up)
+  return native.settled
 
 
 def pool_stats() -> Dict[str, int]:

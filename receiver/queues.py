@@ -276,6 +276,13 @@ class PacketQueue:
     with self._cond:
       return self._enqueued - self._finished
 
+  def drained(self) -> bool:
+    """Whether every packet enqueued has finished, read without the lock
+    (an idle barrier's cost): the count finished first, so that a packet
+    enqueued meanwhile counts as waiting."""
+    finished = self._finished
+    return self._enqueued == finished
+
   def wake(self) -> None:
     with self._cond:
       self._cond.notify_all()

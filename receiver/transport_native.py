@@ -30,7 +30,7 @@ from .native_library import (
     BEGIN_TARGET, CALL_TARGET, END_TARGET, OUTFEED_TARGET, TAP_SYNC_TARGET,
     available, cuda_ffi_handlers, dispatch_hook, dispatches, execution_failed,
     executions, ffi_handlers, load_cuda_runtime, reset_executions_low_water,
-    settled)
+    settled_check)
 from .native_memory import BatchBuffer
 from .packets import POLL_SECONDS, DirectRunParts, Packet
 from .transport import QueueStats
@@ -40,7 +40,7 @@ __all__ = [
     "OUTFEED_TARGET", "TAP_SYNC_TARGET", "available", "cuda_ffi_handlers",
     "dispatch_hook", "dispatches", "execution_failed", "executions",
     "ffi_handlers", "load_cuda_runtime", "reset_executions_low_water",
-    "settled",
+    "settled_check",
 ]
 
 # A batch taken from a queue holds at most this many packets and bytes (but

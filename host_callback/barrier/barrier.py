@@ -375,12 +375,15 @@ def barrier_wait(logging_name: Optional[str] = None) -> None:
   """See `host_callback.barrier_wait`."""
   _check_not_in_consumer("barrier_wait")
   host_side.runtime.check_usable()
-  if not idle.idle(_in_flight.given_up()):
+  logs = logger.isEnabledFor(logging.DEBUG)
+  if logs:
     logger.debug("barrier_wait[%s]: start", logging_name)
+  if not idle.idle(_in_flight.given_up()):
     began = idle.begin()
     if _wait_for_devices():
       idle.waited(began)
     _release_runtime_tokens()
+  if logs:
     logger.debug("barrier_wait[%s]: done", logging_name)
   host_side.runtime.release_retired()
   _waited()

@@ -20,7 +20,7 @@ CPU with the native library built.
 from __future__ import annotations
 
 import threading
-from typing import Callable, NamedTuple, Optional
+from typing import Callable, NamedTuple, Optional, Tuple
 
 from .. import _jax_adapter as adapter
 from ..host import host_side
@@ -30,13 +30,16 @@ from ..receiver import transport_native
 
 class Began(NamedTuple):
   """What a barrier that waits began with: the dispatches noted on its
-  thread and on all, the computations over several devices lowered, and
-  the hook that counts."""
+  thread and on all, the computations over several devices lowered, the
+  hook that counts; and, bound once, the native check of the counts and
+  of the native queues (`transport_native.settled_check`) and whether the
+  other transports' queues are drained."""
   on_this_thread: int
   on_all: int
   multi_device_lowerings: int
   hook: Callable[..., None]
-
+  settled: Callable[[int, int, int], bool]
+  others_drained: Tuple[Callable[[], bool], ...]
 
 # What this thread's last barrier that waited on the probes of every device
 # began with.
@@ -53,8 +56,12 @@ def begin() -> Optional[Began]:
   if not adapter.dispatches_hooked(hook):
     return None
   on_this_thread, on_all = transport_native.dispatches()
+  others_drained = tuple(
+      transport.drained
+      for name, transport in host_side.runtime.transports().items()
+      if name != transport_native.NativeTransport.name)
   return Began(on_this_thread, on_all, ordering.multi_device_lowerings(),
-               hook)
+               hook, transport_native.settled_check(), others_drained)
 
 
 def waited(began: Optional[Began]) -> None:
@@ -68,12 +75,17 @@ def idle(given_up: int) -> bool:
   docstring; `given_up`: the executions in flight that barriers gave up
   on."""
   began: Optional[Began] = getattr(_last, "began", None)
-  if began is None or adapter.runtime_tokens_pending():
+  if began is None:
     return False
   lowerings = ordering.multi_device_lowerings()
   if lowerings != began.multi_device_lowerings:
     return False
   on_all = began.on_all if lowerings else -1
-  return (transport_native.settled(began.on_this_thread, on_all, given_up)
-          and adapter.dispatches_hooked(began.hook)
-          and host_side.queues_drained())
+  if not (began.settled(began.on_this_thread, on_all, given_up)
+          and not adapter.runtime_tokens_pending()
+          and adapter.dispatches_hooked(began.hook)):
+    return False
+  for drained in began.others_drained:
+    if not drained():
+      return False
+  return True

@@ -165,7 +165,7 @@ def queue_statistics() -> Dict[Tuple[str, Any], QueueStats]:
 
 def queues_drained() -> bool:
   """Whether every packet sent so far, to any queue, has been consumed."""
-  for transport in runtime.transports().values():  # an idle barrier's cost
+  for transport in runtime.transports().values():
     if not transport.drained():
       return False
   return True
