@@ -17,7 +17,7 @@ import os
 from types import ModuleType
 from typing import Any, Callable, Dict, Optional, Tuple
 
-ABI_VERSION = 24
+ABI_VERSION = 25
 
 
 def _load() -> Optional[ModuleType]:
@@ -106,6 +106,9 @@ def cuda_stats(ordinal: int) -> Dict[str, Any]:
 # HOST_CALLBACK_ALLOW_CUDA_STANDIN=1), and `_testing_cuda_tap` and
 # `_testing_cuda_call` make a tap or call as the CUDA handlers do, with host
 # memory for device memory; see tests/test_cuda_transport.py.
+# `_testing_floor_handlers(function)` gives the FFI handlers of the floors
+# that tools/bench/floors.py times (one does nothing, the other calls
+# `function` with the GIL), for it to register.
 
 
 # --- Executions in flight (see native/executions.h) ----------------------

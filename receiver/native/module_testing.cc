@@ -19,7 +19,9 @@
 #include <vector>
 
 #include "cuda_api.h"
+#include "ffi_targets.h"
 #include "hub.h"
+#include "xla/ffi/api/ffi.h"
 
 namespace hcb::python {
 namespace {
@@ -185,6 +187,48 @@ PyObject* TestingCheckSiteSizes(PyObject*, PyObject* args) {
   });
 }
 
+namespace ffi = xla::ffi;
+
+// The function that FloorPython calls: set by TestingFloorHandlers, owned.
+PyObject* floor_function = nullptr;
+
+// XLA's floor: a custom call that does nothing with its scalar operand.
+ffi::Error FloorDispatch(ffi::AnyBuffer) { return ffi::Error::Success(); }
+
+// Python's floor: the GIL taken and `floor_function()` called.
+ffi::Error FloorPython(ffi::AnyBuffer) {
+  const PyGILState_STATE gil = PyGILState_Ensure();
+  PyObject* result = PyObject_CallNoArgs(floor_function);
+  Py_XDECREF(result);
+  if (result == nullptr) PyErr_Clear();
+  PyGILState_Release(gil);
+  return result != nullptr
+             ? ffi::Error::Success()
+             : ffi::Error(ffi::ErrorCode::kInternal, "the floor function raised");
+}
+
+XLA_FFI_DEFINE_HANDLER(kFloorDispatch, FloorDispatch,
+                       ffi::Ffi::Bind().Arg<ffi::AnyBuffer>());
+XLA_FFI_DEFINE_HANDLER(kFloorPython, FloorPython,
+                       ffi::Ffi::Bind().Arg<ffi::AnyBuffer>());
+
+// Sets the function that the Python floor calls; returns ((target name,
+// handler), ...) of the dispatch floor, then the Python floor (names in
+// ffi_targets.h, handlers as capsules for jax.ffi.register_ffi_target).
+PyObject* TestingFloorHandlers(PyObject*, PyObject* function) {
+  if (!PyCallable_Check(function)) {
+    PyErr_SetString(PyExc_TypeError, "the floor function must be callable");
+    return nullptr;
+  }
+  Py_INCREF(function);
+  PyObject* old = floor_function;
+  floor_function = function;
+  Py_XDECREF(old);
+  return Py_BuildValue("((sN)(sN))", hcb::kFloorDispatchTarget,
+                       Capsule(kFloorDispatch), hcb::kFloorPythonTarget,
+                       Capsule(kFloorPython));
+}
+
 }  // namespace
 
 PyMethodDef kTestingMethods[] = {
@@ -201,6 +245,7 @@ PyMethodDef kTestingMethods[] = {
     {"_testing_runner_site", TestingRunnerSite, METH_O, nullptr},
     {"_testing_check_site_sizes", TestingCheckSiteSizes, METH_VARARGS,
      nullptr},
+    {"_testing_floor_handlers", TestingFloorHandlers, METH_O, nullptr},
     {nullptr, nullptr, 0, nullptr},
 };
 

@@ -37,6 +37,14 @@ the same scan without a lens and with jax-tap's, run in turns (100 x
 is larger than the difference; that row twice, as the process runs and
 with all its threads on one core (`machine.on_one_core`, on Linux).
 
+The floor rows time what a tap in a scan step cannot go below
+(`floors.py`): a custom call that does nothing (XLA's dispatch) and one
+that takes the GIL and calls a Python function that does nothing (the
+Python floor), each over the bare scan, in turns with it. The summary's
+last column is each hot row's time / its floor's (`page.FLOORS`): the
+synchronous and outfeed taps in a scan and the loop event, each beside the
+Python floor, since each runs a Python host function once a step.
+
 The large-array rows also time `jit(lambda x: x + 1)` on the same array, one
 pass over the data: the yardstick for a tap (one copy) and a call. The
 `buffers=True` row (an identity that fills `out=`) is beside `call` without

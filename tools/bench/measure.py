@@ -55,6 +55,22 @@ def scan_times(step_op: Callable, steps: int, x, repeat: int
   return median_of(run, repeat)
 
 
+def over_bare_scan(step_ops: Dict[str, Callable], steps: int, turns: int
+                   ) -> Values:
+  """µs that each of `step_ops` adds to a step of a `steps`-step scan of
+  `x + 1`, its runs (until drained) taking turns (`in_turns`) with the
+  bare scan's; and the bare scan's µs per step, as "bare scan"."""
+  x = jnp.float32(0)
+  times = in_turns({name: one_shot_run(_scan(op, steps), x)
+                    for name, op in {"bare scan": lambda v: v,
+                                     **step_ops}.items()}, turns)
+  bare = times.pop("bare scan")
+  values = {name: 1e6 * (seconds - bare) / steps
+            for name, seconds in times.items()}
+  values["bare scan"] = 1e6 * bare / steps
+  return values
+
+
 def slow_consumer_times(step_op: Callable, steps: int, repeat: int
                         ) -> Tuple[float, ...]:
   """Seconds for the jitted call to return, to be ready, and to drain."""

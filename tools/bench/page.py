@@ -78,6 +78,20 @@ SUMMARY: List[Tuple[str, str, Tuple[str, ...], Optional[str]]] = [
 ]
 
 
+# Each hot row's floor (tools/bench/floors.py), the summary's last column:
+# {hot row's scenario id: its floor's}. Each hot row is a tap whose host
+# function runs, so its floor is the Python one: XLA's dispatch of a custom
+# call, the GIL taken and one Python call, which no tap can avoid (the
+# outfeed tap's call runs on a receiver thread, but once a step all the
+# same). The dispatch floor, in the detail table, shows how much of that is
+# XLA's.
+FLOORS: Dict[str, str] = {
+    "scan-tap-sync": "scan-floor-python",
+    "scan-tap-drained": "scan-floor-python",
+    "loop-event-sync": "scan-floor-python",
+}
+
+
 class Topic(NamedTuple):
   title: str
   ids: Tuple[str, ...]  # its scenarios, in their order in the table
@@ -109,9 +123,15 @@ TOPICS: List[Topic] = [
           "sum, called 2000 times from a Python loop, until its taps ran; "
           "`no callback` is the same step without the tap."),
     Topic("Taps in a scan", ("scan-tap-ready", "scan-tap-drained",
-                             "scan-tap-sync", "scan-tap-f32x1000"),
+                             "scan-tap-sync", "scan-floor-dispatch",
+                             "scan-floor-python", "scan-tap-f32x1000"),
           "\"until ready\": until the scan's output is ready; \"until "
-          "drained\": until every tap function ran."),
+          "drained\": until every tap function ran. The floors are what no "
+          "tap in a scan step can go below, measured in the same process: "
+          "a custom call that does nothing (XLA's dispatch) and one that "
+          "takes the GIL and calls a Python function that does nothing "
+          "(the Python floor), each the µs it adds to a step of the bare "
+          "scan (`bare scan`, its µs per step), the scans taking turns."),
     Topic("Calls", ("step-call", "scan-call", "call-one", "call-32mib"), ""),
     Topic("A tap then a call in a jitted step",
           ("step-tap-then-call", "step-tap-then-call-sync"),
@@ -178,6 +198,8 @@ def check_ids(known: Iterable[str]) -> None:
               if i not in known]
   problems += [f"unknown scenario id {i!r} in TOPICS" for i in named
                if i not in known]
+  problems += [f"unknown scenario id {i!r} in FLOORS"
+               for pair in FLOORS.items() for i in pair if i not in known]
   problems += [f"scenario {i!r} is in {named.count(i)} topics, not one"
                for i in known if named.count(i) != 1]
   if problems:
@@ -197,19 +219,42 @@ def _ours(values: Dict[str, float]) -> Optional[str]:
               None)
 
 
+def _measured(by_id: Dict[str, Row], question: str, scenario: str,
+              column: Optional[str] = None) -> Tuple[Row, str]:
+  """`scenario`'s row and its `column` (by default, ours). Raises
+  ValueError where the row or the column was not measured."""
+  row = by_id.get(scenario)
+  found = None if row is None else (
+      _ours(row.values) if column is None
+      else column if column in row.values else None)
+  if row is None or found is None:
+    raise ValueError(f"the summary's question {question!r} needs scenario "
+                     f"{scenario!r}, which was not measured")
+  return row, found
+
+
+def _to_floor(by_id: Dict[str, Row], question: str, scenario: str,
+              value: float) -> str:
+  """The summary's floor cell of a hot row (FLOORS): `value` / its floor's,
+  and the floor's; empty for other rows."""
+  if scenario not in FLOORS:
+    return ""
+  floor, column = _measured(by_id, question, FLOORS[scenario], "floor")
+  least = floor.values[column]
+  return f"{_ratio(value / least)} (`{floor.id}`: {least:.3g} {floor.unit})"
+
+
 def summary_table(rows: List[Row]) -> str:
   """The summary: a row per question of SUMMARY. Raises ValueError where
-  a question's scenario has no row (not measured) or no column of ours."""
+  a question's scenario or its floor (FLOORS) has no row (not measured)
+  or no column of ours."""
   lines = ["| question | host_callback | best JAX alternative | "
-           "alternative / host_callback | for scale |",
-           "|---|---|---|---|---|"]
+           "alternative / host_callback | for scale | host_callback / its "
+           "floor |",
+           "|---|---|---|---|---|---|"]
   by_id = {row.id: row for row in reversed(rows)}  # a scenario's first row
   for question, scenario, alternatives, scale in SUMMARY:
-    row = by_id.get(scenario)
-    ours = None if row is None else _ours(row.values)
-    if row is None or ours is None:
-      raise ValueError(f"the summary's question {question!r} needs scenario "
-                       f"{scenario!r}, which was not measured")
+    row, ours = _measured(by_id, question, scenario)
     unit, values = row.unit, row.values
     mine = f"{values[ours]:.3g} {unit}" + (
         "" if ours == "hcb[native]" else " (python transport)")
@@ -220,7 +265,9 @@ def summary_table(rows: List[Row]) -> str:
     ratio = _ratio(values[best] / values[ours]) if best else ""
     scaled = (f"{scale}: {values[scale]:.3g} {unit}"
               if scale and scale in values else "")
-    lines.append(f"| {question} | {mine} | {theirs} | {ratio} | {scaled} |")
+    floor = _to_floor(by_id, question, scenario, values[ours])
+    lines.append(f"| {question} | {mine} | {theirs} | {ratio} | {scaled} | "
+                 f"{floor} |")
   return "\n".join(lines)
 
 
@@ -234,7 +281,11 @@ def page(rows: List[Row], machine_line: str) -> str:
       "1, host_callback is faster.\n\n## Summary\n\nOne row per question, "
       "host_callback on its native transport beside the fastest of JAX's "
       "own callbacks that does the same; the detail tables below have "
-      "both transports and every alternative.\n\n" + summary_table(rows)]
+      "both transports and every alternative. The last column puts each "
+      "tap in a scan step beside the least such a tap can cost, measured "
+      "in the same run: the Python floor, a custom call that takes the "
+      "GIL and calls a Python function that does nothing (\"Taps in a "
+      "scan\").\n\n" + summary_table(rows)]
   for title, ids, note in TOPICS:
     chosen = [row for i in ids for row in rows if row.id == i]
     if chosen:

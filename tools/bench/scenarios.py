@@ -13,11 +13,11 @@ import jax
 import jax.numpy as jnp
 from jax.sharding import NamedSharding, PartitionSpec as P
 
-from . import machine, tap_then_call, ways
+from . import floors, machine, tap_then_call, ways
 from .measure import (Measure, Values, compare, compare_in_turns,
-                      lens_scan_run, one_shot_time, per_event, per_update,
-                      bar_scan_time, scan_times, slow_consumer_times,
-                      step_time)
+                      lens_scan_run, one_shot_time, over_bare_scan, per_event,
+                      per_update, bar_scan_time, scan_times,
+                      slow_consumer_times, step_time)
 
 
 @dataclasses.dataclass(frozen=True)
@@ -103,6 +103,7 @@ def _scan(scale: int, repeat: int) -> List[Scenario]:
           lambda make: 1e6 * times(make, jnp.float32(0), steps)[0],
           ways.TAPPERS,
           ways.tap_hcb, synchronous=True)))
+  scenarios += _floors(steps, repeat)
   steps = 10_000 // scale
   scenarios.append(Scenario(
       "scan-tap-f32x1000", f"tap f32[1000], per step of a {steps}-step scan "
@@ -110,6 +111,26 @@ def _scan(scale: int, repeat: int) -> List[Scenario]:
           lambda make: 1e6 * times(make, jnp.zeros(1000), steps)[1],
           ways.TAPPERS, ways.tap_hcb)))
   return scenarios
+
+
+def _floors(steps: int, repeat: int) -> List[Scenario]:
+  """The floors of a tap in a scan step (`floors.py`), over the bare scan,
+  in turns with it (4 x `repeat` each); no row where the native module is
+  not built."""
+  def measure(kind: str) -> Measure:
+    def values(transports: Sequence[str]) -> Values:
+      del transports  # no host_callback in them
+      op = floors.step_op(kind)
+      return {} if op is None else over_bare_scan({"floor": op}, steps,
+                                                  4 * repeat)
+    return values
+  return [Scenario(f"scan-floor-{kind}", f"floor: {what}, per step of a "
+                   f"{steps}-step scan, over the bare scan", "µs",
+                   measure(kind))
+          for kind, what in (
+              ("dispatch", "an FFI custom call that does nothing"),
+              ("python", "an FFI custom call that takes the GIL and calls "
+               "a Python function that does nothing"))]
 
 
 def _one_shot(op_of: Callable[[Callable], Callable], shape: Tuple[int, ...],
