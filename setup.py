@@ -11,6 +11,10 @@ supported Python and JAX:
   `abi3` wheel serves Python 3.11 to 3.13;
 - its sources compiled in parallel, one job per core.
 
+`HOST_CALLBACK_PORTABLE=1` in the environment builds the portable branches
+of the native core's Linux-only calls (`receiver/native/portability.h`), the
+code macOS runs, on Linux too: CI tests that variant (`.ci/run`).
+
 The extension is optional: without a C++17 compiler or NumPy's C headers
 the install still succeeds with one warning, and host_callback uses its
 Python transport.
@@ -28,6 +32,9 @@ NATIVE_DIR = os.path.join("receiver", "native")
 FFI_HEADERS_DIR = os.path.join(NATIVE_DIR, "third_party")
 # CPython's stable ABI as of Python 3.11, the oldest supported Python.
 LIMITED_API = "0x030B0000"
+# The build flag of the portable branches (above).
+PORTABLE_MACROS = ([("HCB_PORTABLE", "1")]
+                   if os.environ.get("HOST_CALLBACK_PORTABLE") == "1" else [])
 FALLBACK = ("host_callback will use its Python transport, which is slower "
             "(install a C++17 compiler and reinstall host-callback to get "
             "the native one)")
@@ -112,8 +119,7 @@ HEADERS = (
     "status.h", "packet.h", "waits.h", "block_pool.h", "device_queue.h",
     "calls.h", "direct_runs.h", "interrupts.h", "receiver_link.h",
     "site_sizes.h", "hub.h", "executions.h", "dispatches.h", "ffi_common.h",
-    "ffi_targets.h",
-    "huge_pages.h", "ffi_cpu.h",
+    "ffi_targets.h", "huge_pages.h", "portability.h", "ffi_cpu.h",
     "cuda_api.h", "cuda_copies.h", "ffi_cuda.h",
     "module_support.h", "python_hooks.h", "python_limited.h",
     "python_memory.h", "python_runner.h", "python_arguments.h",
@@ -130,7 +136,7 @@ native = Extension(
         os.path.join(FFI_HEADERS_DIR, "xla", "ffi", "api", name)
         for name in ("api.h", "c_api.h", "ffi.h")],
     language="c++",
-    define_macros=[("Py_LIMITED_API", LIMITED_API)],
+    define_macros=[("Py_LIMITED_API", LIMITED_API)] + PORTABLE_MACROS,
     py_limited_api=True,
     extra_compile_args=["-std=c++17", "-O2", "-g0", "-fvisibility=hidden"],
 )

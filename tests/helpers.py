@@ -106,6 +106,14 @@ def needs_cpu_default_backend(why: str) -> None:
     pytest.skip(f"{why} (the default backend is {jax.default_backend()})")
 
 
+def linux_only_calls_built() -> bool:
+  """Whether the native module makes its Linux-only calls: built on Linux
+  without HOST_CALLBACK_PORTABLE=1 (setup.py), which the tests of a
+  portable build see too (CI sets it for both)."""
+  return (sys.platform.startswith("linux")
+          and os.environ.get("HOST_CALLBACK_PORTABLE") != "1")
+
+
 def synchronous() -> bool:
   """Whether taps on the default backend run in the synchronous mode now
   (conftest.py chooses the mode; there is one on CPU only)."""

@@ -1,11 +1,13 @@
 """Ecosystem conventions: type checkers see the hints (PEP 561), the
 package logs what it chose and did under the `host_callback` logger, has a
-`__version__`, and `python -m host_callback --help` says what it runs."""
+`__version__`, `python -m host_callback --help` says what it runs, and its
+Python code runs unchanged where Linux's files and calls are missing."""
 
 from __future__ import annotations
 
 import logging
 import pathlib
+import re
 import subprocess
 import sys
 
@@ -124,3 +126,22 @@ def _extras_in_readme() -> dict:
 def test_readme_lists_the_extras_of_setup_cfg():
   """The README's table of extras says what setup.cfg installs."""
   assert _extras_in_readme() == _extras_in_setup_cfg()
+
+
+# Linux's own files, and the calls of `os`, `signal` and `select` that macOS
+# lacks.
+_LINUX_ONLY = re.compile(
+    r"/proc/|/sys/|sched_[a-z]*affinity|pipe2|eventfd|memfd_create|epoll|"
+    r"posix_fadvise|sigtimedwait|SIGRTMIN")
+
+
+def test_the_packages_python_code_needs_nothing_linux_only():
+  """The shipped Python code (host_callback/, receiver/) reads no Linux-only
+  file and makes no Linux-only call: on macOS only the native module's
+  Linux-only calls differ, and they have portable branches
+  (receiver/native/portability.h)."""
+  found = [f"{path.relative_to(ROOT)}: {match.group()}"
+           for folder in ("host_callback", "receiver")
+           for path in sorted((ROOT / folder).rglob("*.py"))
+           for match in _LINUX_ONLY.finditer(path.read_text())]
+  assert not found

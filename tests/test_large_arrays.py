@@ -20,7 +20,7 @@ import pytest
 
 import host_callback as hcb
 from host_callback.receiver import native_library
-from helpers import needs_cpu_default_backend
+from helpers import linux_only_calls_built, needs_cpu_default_backend
 
 # f32[128, 1024]: 512 KiB, a large packet on the native transport.
 LARGE = (128, 1024)
@@ -249,6 +249,8 @@ def test_large_call_results_are_written_into_huge_pages(transport, both_modes,
   if transport != "native":
     pytest.skip("the Python transport's results are written by JAX")
   needs_cpu_default_backend("the CPU's result buffers are host memory")
+  if not linux_only_calls_built():
+    pytest.skip("the portable build advises no huge pages")
   if not os.path.exists("/sys/kernel/mm/transparent_hugepage"):
     pytest.skip("this kernel has no transparent huge pages")
   filled = []

@@ -15,7 +15,7 @@ import numpy as np
 import pytest
 
 from host_callback.receiver import native_library
-from helpers import run_python
+from helpers import linux_only_calls_built, run_python
 
 ROOT = pathlib.Path(__file__).resolve().parent.parent
 FFI_HEADERS = ROOT / "receiver" / "native" / "third_party" / "xla"
@@ -47,6 +47,17 @@ def test_build_needs_neither_jaxlib_nor_scipy():
   assert names == ["numpy", "setuptools"]
   assert (FFI_HEADERS / "LICENSE").read_text().lstrip().startswith(
       "Apache License")
+
+
+def test_linux_only_calls_follow_the_portable_build_flag():
+  """HOST_CALLBACK_PORTABLE=1, at build and at test time, builds the
+  portable branches (receiver/native/portability.h), the code macOS runs:
+  the module then links none of the Linux-only functions; a Linux build
+  without the flag links them all."""
+  module = pathlib.Path(_native().__file__).read_bytes()
+  linux_only = [name for name in (b"madvise", b"uname") if name in module]
+  assert linux_only == ([b"madvise", b"uname"] if linux_only_calls_built()
+                        else [])
 
 
 def test_wheel_is_tagged_for_the_stable_abi():

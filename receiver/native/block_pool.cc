@@ -7,6 +7,8 @@
 #include <cstddef>
 #include <new>
 
+#include "portability.h"
+
 namespace hcb {
 namespace {
 
@@ -35,7 +37,7 @@ uint8_t* MappedAllocator::Map(int64_t capacity) {
     const size_t tail = mapped - head - static_cast<size_t>(capacity);
     if (tail > 0) munmap(data + head + capacity, tail);
     data += head;
-#ifdef MADV_HUGEPAGE
+#if HCB_LINUX_CALLS && defined(MADV_HUGEPAGE)
     madvise(data, static_cast<size_t>(capacity), MADV_HUGEPAGE);
 #endif
   }

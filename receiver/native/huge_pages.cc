@@ -3,7 +3,9 @@
 #include <cstdint>
 #include <cstdio>
 
-#if defined(__linux__)
+#include "portability.h"
+
+#if HCB_LINUX_CALLS
 #include <sys/mman.h>
 #include <sys/utsname.h>
 #include <unistd.h>
@@ -12,7 +14,7 @@
 namespace hcb {
 namespace {
 
-#if defined(__linux__) && defined(MADV_HUGEPAGE)
+#if HCB_LINUX_CALLS && defined(MADV_HUGEPAGE)
 // Whether the running kernel is 4.6 or later: older ones stall on the
 // advice (NumPy's reason for the same check).
 bool KernelTakesAdvice() {
@@ -30,7 +32,7 @@ bool KernelTakesAdvice() {
 }  // namespace
 
 void AdviseHugePages(void* data, size_t bytes) {
-#if defined(__linux__) && defined(MADV_HUGEPAGE)
+#if HCB_LINUX_CALLS && defined(MADV_HUGEPAGE)
   static const bool kernel_takes_advice = KernelTakesAdvice();
   static const uintptr_t page = static_cast<uintptr_t>(sysconf(_SC_PAGESIZE));
   if (bytes < kHugePagesFrom || !kernel_takes_advice) return;
