@@ -25,9 +25,9 @@ class Left:
 # The slots of a queue's counts (`QueueRuns.slots`, int64 each): how many
 # host functions ran, run now, were queued packets that began, and were
 # refused once closed. The native runner (`native/python_runner.cc:
-# CountedCall`) counts the runs it makes in the same slots of the native
-# transport's queues (`native/run_slots.h`; `tests/test_run_counts.py`
-# checks that both say the same).
+# CallConsumer`) counts the runs it makes in the same slots of the native
+# transport's queues (the layout `native/python_runner.h:RunSlot`;
+# `tests/test_run_counts.py` checks that both say the same).
 RAN, RUNNING, BEGUN_QUEUED, REFUSED = range(4)
 SLOTS = 4
 

@@ -44,11 +44,14 @@ class Executions {
                      std::memory_order_release);
   }
 
+  // Executions in flight now.
+  int64_t InFlight() const { return in_flight_.load(std::memory_order_acquire); }
+
   // Executions begun ever, in flight now, and the fewest in flight right
   // after an execution ended since the last ResetLowWater.
   void Read(int64_t* out) const {
     out[0] = begun_.load(std::memory_order_acquire);
-    out[1] = in_flight_.load(std::memory_order_acquire);
+    out[1] = InFlight();
     out[2] = low_water_.load(std::memory_order_acquire);
   }
 

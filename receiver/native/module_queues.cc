@@ -69,9 +69,7 @@ PyObject* Settled(PyObject*, PyObject* args) {
       (all >= 0 && dispatches.All() != all)) {
     Py_RETURN_FALSE;
   }
-  int64_t executions[3];
-  hcb::Executions::Get().Read(executions);
-  if (executions[1] > given_up) Py_RETURN_FALSE;
+  if (hcb::Executions::Get().InFlight() > given_up) Py_RETURN_FALSE;
   return CatchToPython([&] { return PyBool_FromLong(hub().Drained()); });
 }
 
