@@ -110,7 +110,7 @@ SOURCES = (
     "ffi_common.cc", "huge_pages.cc", "ffi_cpu.cc", "cuda_api.cc", "cuda_copies.cc",
     "ffi_cuda.cc",
     "module.cc", "module_support.cc", "module_queues.cc", "module_cuda.cc",
-    "module_testing.cc", "python_hooks.cc", "python_runner.cc",
+    "module_testing.cc", "python_hooks.cc", "idle_check.cc", "python_runner.cc",
     "python_arguments.cc", "python_results.cc",
     "python_sites.cc", "python_memory.cc", "python_dlpack.cc",
     "python_instances.cc",

@@ -516,11 +516,20 @@ def forget_runtime_tokens() -> None:
   _dispatch.runtime_tokens.output_runtime_tokens.clear()
 
 
-def runtime_tokens_pending() -> bool:
-  """Whether the calling thread holds JAX runtime tokens (see
-  `forget_failed_runtime_tokens`): a computation with host callbacks
-  dispatched through JAX's Python path since they were last dropped."""
-  return bool(_dispatch.runtime_tokens.output_runtime_tokens)
+def idle_watches(hook: Callable[..., None]
+                 ) -> Tuple[Tuple[Tuple[Any, str], ...],
+                            Tuple[Tuple[Any, str, Any], ...]]:
+  """What JAX keeps that an idle barrier's native check reads, as (object,
+  attribute): what must be empty, the runtime tokens that the calling
+  thread holds (see `forget_failed_runtime_tokens`: a computation with host
+  callbacks dispatched through JAX's Python path since they were last
+  dropped); and (object, attribute, value) for what must be `value`: the
+  hook JAX calls after each fast-path dispatch on the calling thread (see
+  `dispatches_hooked`). Wraps jax._src.dispatch.runtime_tokens (a
+  RuntimeTokenSet, thread-local in jax 0.12) and the post-hook state below
+  (checked against jax 0.10.2 and 0.12.0.1)."""
+  return (((_dispatch.runtime_tokens, "output_runtime_tokens"),),
+          ((_POST_HOOK, "value", hook),))
 
 
 # What JAX calls after each dispatch through its C++ fast path of a jitted
@@ -854,7 +863,7 @@ __all__ = [
     "set_per_device_sharding", "run_to_completion_at_dispatch",
     "forget_failed_runtime_tokens", "forget_runtime_tokens",
     "release_finished_runtime_tokens",
-    "execute_without_arguments", "runtime_tokens_pending", "hook_dispatches",
+    "execute_without_arguments", "idle_watches", "hook_dispatches",
     "dispatches_hooked",
     "outside_the_program_mesh", "keep_alive_with_executable",
     "thread_token", "tracing", "install_patches", "PATCHES", "scope_eqn",

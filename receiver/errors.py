@@ -151,6 +151,11 @@ class ErrorLog:
     without the lock: one reference)."""
     return self._last is not None
 
+  def pending_watch(self) -> Tuple[object, str]:
+    """Where `pending` reads, as (object, attribute): empty while no error
+    is pending."""
+    return self, "_last"
+
   def delivered_pending(self) -> bool:
     """Whether an error recorded since the last `raise_if_any` failed a
     device computation."""

@@ -9,7 +9,7 @@ import logging
 import os
 import threading
 from typing import (Callable, Deque, Dict, FrozenSet, Mapping, Optional,
-                    Sequence, Set)
+                    Sequence, Set, Tuple)
 
 from . import abandon
 from .blocking import BlockingCalls
@@ -89,6 +89,13 @@ class Runtime:
           "after the host_callback receiver had started in its parent: the "
           "receiver threads do not survive a fork. Start worker processes "
           "with multiprocessing's 'spawn' or 'forkserver' start method.")
+
+  def idle_watches(self) -> Tuple[Tuple[object, str], ...]:
+    """What is empty while no retired consumer waits to be released, no
+    error to be raised and the process is usable, as (object, attribute),
+    for the barrier's native idle check to read."""
+    return ((self, "_retired"), (self, "_forked_while_running"),
+            self.errors.pending_watch())
 
   def transports(self) -> Dict[str, Transport]:
     """The transports, created once; their restart hooks start a receiver."""

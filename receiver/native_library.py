@@ -15,9 +15,9 @@ from __future__ import annotations
 
 import os
 from types import ModuleType
-from typing import Any, Callable, Dict, Optional, Tuple
+from typing import Any, Callable, Dict, Optional, Sequence, Tuple
 
-ABI_VERSION = 25
+ABI_VERSION = 26
 
 
 def _load() -> Optional[ModuleType]:
@@ -132,7 +132,7 @@ def execution_failed() -> None:
   native.execution_failed()
 
 
-# --- Dispatches and the idle check (see native/dispatches.h) --------------
+# --- Dispatches and the idle check (native/dispatches.h, idle_check.cc) ---
 
 def dispatch_hook() -> Callable[..., None]:
   """The builtin that counts one dispatch on the calling thread, whatever
@@ -142,20 +142,43 @@ def dispatch_hook() -> Callable[..., None]:
   return native.note_dispatch
 
 
-def dispatches() -> Tuple[int, int]:
-  """Dispatches noted ever on the calling thread, and on all threads."""
+def configure_idle_check(
+    given_up: Tuple[Any, str], lowerings: Tuple[Any, str],
+    empty: Sequence[Tuple[Any, str]], same: Sequence[Tuple[Any, str, Any]],
+    drained: Sequence[Tuple[Any, str, Callable[[], bool]]]) -> None:
+  """What the idle check reads besides the native counts, each as (object,
+  attribute name): the executions in flight that barriers gave up on, the
+  computations over several devices lowered, attributes that must be
+  empty, attributes that must be the given object, and (object,
+  attribute, function): while the attribute is not empty, `function()`
+  must return true. Forgets the barriers that waited."""
   assert native is not None, "the native transport is not built"
-  return native.dispatches()
+  native.idle_check_configure(tuple(given_up), tuple(lowerings),
+                              tuple(map(tuple, empty)),
+                              tuple(map(tuple, same)),
+                              tuple(map(tuple, drained)))
 
 
-def settled_check() -> Callable[[int, int, int], bool]:
-  """`check(on_this_thread, on_all, given_up)`: whether the dispatches
-  noted are still these counts (`on_all` < 0: whatever other threads
-  dispatched), at most `given_up` executions are in flight, and every
-  native queue is drained. The module's builtin, which an idle barrier
-  calls with no Python frame between."""
+def idle_check_begin() -> None:
+  """A barrier on this thread begins to wait on the probes of every
+  device: notes the counts it begins with."""
   assert native is not None, "the native transport is not built"
-  return native.settled
+  native.idle_check_begin()
+
+
+def idle_check_waited(covered: bool) -> None:
+  """The barrier that began waited; `covered`: its probes covered every
+  device, so that the next barrier on this thread may be idle."""
+  assert native is not None, "the native transport is not built"
+  native.idle_check_waited(covered)
+
+
+def idle_check() -> Callable[[], bool]:
+  """`idle_now()`: whether a barrier on this thread would find nothing to
+  wait for, release or raise (native/idle_check.cc). The module's builtin,
+  which the barrier calls with no Python frame between."""
+  assert native is not None, "the native transport is not built"
+  return native.idle_now
 
 
 def pool_stats() -> Dict[str, int]:

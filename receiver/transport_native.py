@@ -28,19 +28,19 @@ from .native_library import native
 # through this module): see native_library for each.
 from .native_library import (
     BEGIN_TARGET, CALL_TARGET, END_TARGET, OUTFEED_TARGET, TAP_SYNC_TARGET,
-    available, cuda_ffi_handlers, dispatch_hook, dispatches, execution_failed,
-    executions, ffi_handlers, load_cuda_runtime, reset_executions_low_water,
-    settled_check)
+    available, configure_idle_check, cuda_ffi_handlers, dispatch_hook,
+    execution_failed, executions, ffi_handlers, idle_check, idle_check_begin,
+    idle_check_waited, load_cuda_runtime, reset_executions_low_water)
 from .native_memory import BatchBuffer
 from .packets import POLL_SECONDS, DirectRunParts, Packet
 from .transport import QueueStats
 
 __all__ = [
     "NativeTransport", "BEGIN_TARGET", "CALL_TARGET", "END_TARGET",
-    "OUTFEED_TARGET", "TAP_SYNC_TARGET", "available", "cuda_ffi_handlers",
-    "dispatch_hook", "dispatches", "execution_failed", "executions",
-    "ffi_handlers", "load_cuda_runtime", "reset_executions_low_water",
-    "settled_check",
+    "OUTFEED_TARGET", "TAP_SYNC_TARGET", "available", "configure_idle_check",
+    "cuda_ffi_handlers", "dispatch_hook", "execution_failed", "executions",
+    "ffi_handlers", "idle_check", "idle_check_begin", "idle_check_waited",
+    "load_cuda_runtime", "reset_executions_low_water",
 ]
 
 # A batch taken from a queue holds at most this many packets and bytes (but
@@ -298,6 +298,9 @@ class NativeTransport:
 
   def drained(self) -> bool:
     return native.drained()
+
+  def drained_watch(self) -> Tuple[object, str, Callable[[], bool]]:
+    return self, "_devices", self.drained
 
   def device_ids(self) -> List[int]:
     with self._lock:

@@ -251,6 +251,9 @@ class PythonTransport:
         return False
     return True
 
+  def drained_watch(self) -> Tuple[object, str, Callable[[], bool]]:
+    return self, "_queues", self.drained
+
   def device_ids(self) -> List[int]:
     with self._lock:
       return list(self._queues)

@@ -3,7 +3,9 @@ skips, and the cases a barrier that reads counters could miss (computations
 whose inputs were not ready, over one or several devices, with their outputs
 dropped; a long computation between two callbacks)."""
 
+import logging
 import threading
+import time
 
 import jax
 import jax.numpy as jnp
@@ -365,3 +367,67 @@ def test_barrier_waits_for_a_new_pmap_first_called_on_another_thread():
   hcb.barrier_wait()
   assert recorder.by_device() == {d.id: [float(i)]
                                   for i, d in enumerate(devices)}
+
+
+def _idle_after_a_tap():
+  """Taps once and waits: the next barrier on this thread is idle."""
+  jax.jit(lambda v: hcb.id_tap(lambda arg, transforms: None, v))(
+      jnp.float32(0))
+  hcb.barrier_wait()
+  hcb.barrier_wait()
+
+
+def test_an_idle_barrier_still_logs_and_runs_the_listeners(caplog):
+  """An idle barrier returns after one native check, unless it has work
+  beside waiting: it still logs its name and calls the listeners (the
+  progress bars close their bars)."""
+  _idle_after_a_tap()
+  before = _sent_and_begun()
+  calls = []
+  barrier.after_each_wait(lambda: calls.append("listener"))
+  try:
+    caplog.set_level(logging.DEBUG, logger="host_callback")
+    hcb.barrier_wait("idle")
+  finally:
+    barrier._after_wait.pop()  # pylint: disable=protected-access
+  assert [r.getMessage() for r in caplog.records][-2:] == [
+      "barrier_wait[idle]: start", "barrier_wait[idle]: done"]
+  assert calls == ["listener"]
+  assert _sent_and_begun() == before  # it was idle
+
+
+def test_an_idle_barrier_raises_an_error_from_another_thread(both_modes):
+  """A tap fails in a computation that another thread dispatched: a
+  barrier on this thread, idle by its own counts, still raises it in the
+  outfeed mode (in the synchronous mode, that thread's computation did)."""
+  def fails_on_one(arg, transforms):
+    if arg == 1:
+      raise ValueError("tap 1.0 failed")
+
+  step = jax.jit(lambda v: hcb.id_tap(fails_on_one, v))
+  step(jnp.float32(0))
+  hcb.barrier_wait()
+  hcb.barrier_wait()  # idle
+  raised = []
+
+  def on_another_thread():
+    try:
+      jax.block_until_ready(step(jnp.float32(1)))
+    except Exception as error:  # pylint: disable=broad-except
+      raised.append(error)
+
+  thread = threading.Thread(target=on_another_thread)
+  thread.start()
+  thread.join()
+  if both_modes == "synchronous":
+    assert "tap 1.0 failed" in str(raised[0])
+    hcb.barrier_wait()
+    return
+  assert not raised
+  deadline = time.monotonic() + 10
+  while not host_side.runtime.errors.pending():  # consumed: the queue drained
+    assert time.monotonic() < deadline
+    time.sleep(0.01)
+  with pytest.raises(hcb.CallbackException, match="tap 1.0 failed"):
+    hcb.barrier_wait()
+  hcb.barrier_wait()  # raised once

@@ -176,9 +176,10 @@ class _InFlight:
     self._lock = threading.Lock()
     self._given_up = 0
 
-  def given_up(self) -> int:
-    """The executions in flight given up on."""
-    return self._given_up
+  def given_up_watch(self) -> Tuple[Any, str]:
+    """Where the count of executions in flight given up on lives, as
+    (object, attribute), for the native idle check (`idle`) to read."""
+    return self, "_given_up"
 
   def none(self) -> bool:
     """Whether none is running now, but those given up on."""
@@ -372,16 +373,22 @@ def _check_not_in_consumer(api: str) -> None:
 
 
 def barrier_wait(logging_name: Optional[str] = None) -> None:
-  """See `host_callback.barrier_wait`."""
+  """Blocks until every callback from computations already started is done.
+
+  Covers every local device and computations dispatched from any Python
+  thread. Then raises `CallbackException` if a callback raised since the last
+  barrier.
+  """
+  if idle.now() and not _after_wait and not logger.isEnabledFor(logging.DEBUG):
+    return  # nothing to wait for, release, raise, call or log
   _check_not_in_consumer("barrier_wait")
   host_side.runtime.check_usable()
   logs = logger.isEnabledFor(logging.DEBUG)
   if logs:
     logger.debug("barrier_wait[%s]: start", logging_name)
-  if not idle.idle(_in_flight.given_up()):
-    began = idle.begin()
-    if _wait_for_devices():
-      idle.waited(began)
+  if not idle.now():
+    idle.begin(_in_flight)
+    idle.waited(_wait_for_devices())
     _release_runtime_tokens()
   if logs:
     logger.debug("barrier_wait[%s]: done", logging_name)

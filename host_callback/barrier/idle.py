@@ -1,6 +1,7 @@
-"""The idle barrier's check: nothing dispatched since the last barrier that
-waited, nothing in flight, every queue drained; then `barrier_wait` costs a
-few reads instead of its probes (`probes`).
+"""The idle barrier: nothing dispatched since the last barrier that waited,
+nothing in flight, every queue drained, nothing to release or raise; then
+`barrier_wait` costs one native call (`receiver/native/idle_check.cc`)
+instead of its probes (`probes`).
 
 JAX calls a hook after each dispatch through its C++ fast path (see
 `_jax_adapter.hook_dispatches`), which the native module counts per thread
@@ -15,77 +16,69 @@ devices covers). A computation over several devices lowered since (the
 first call of one, dispatched through JAX's Python path, which calls no
 hook, perhaps on another thread) also makes the next barrier wait. Only on
 CPU with the native library built.
+
+The native check also reads what each part watches, configured once: the
+runtime (retired consumers, a recorded error, a fork), the thread running
+host functions, JAX (its runtime tokens, and whether our hook is still the
+one JAX calls), the barriers' given-up executions and the other transports'
+queues.
 """
 
 from __future__ import annotations
 
-import threading
-from typing import Callable, NamedTuple, Optional, Tuple
+from typing import Any, Callable
 
 from .. import _jax_adapter as adapter
 from ..host import host_side
 from ..primitive import ordering
 from ..receiver import transport_native
+from ..receiver.consumer_threads import consumer_threads
 
 
-class Began(NamedTuple):
-  """What a barrier that waits began with: the dispatches noted on its
-  thread and on all, the computations over several devices lowered, the
-  hook that counts; and, bound once, the native check of the counts and
-  of the native queues (`transport_native.settled_check`) and whether the
-  other transports' queues are drained."""
-  on_this_thread: int
-  on_all: int
-  multi_device_lowerings: int
-  hook: Callable[..., None]
-  settled: Callable[[int, int, int], bool]
-  others_drained: Tuple[Callable[[], bool], ...]
-
-# What this thread's last barrier that waited on the probes of every device
-# began with.
-_last = threading.local()
+def _never() -> bool:
+  return False
 
 
-def begin() -> Optional[Began]:
-  """Before a barrier waits: hooks JAX's dispatches, and returns what to
-  record if the probes cover every device (None: no idle check)."""
+# now(): whether a barrier on this thread would find nothing to wait for,
+# release or raise (see the module's docstring). The native check, with no
+# Python frame between, once the first barrier that waits configured it.
+now: Callable[[], bool] = _never
+
+
+def begin(in_flight: Any) -> None:
+  """Before a barrier waits on the probes: hooks JAX's dispatches and notes
+  the counts the barrier begins with, unless no idle check can follow it.
+  `in_flight`: the barriers' `_InFlight`."""
+  global now
   if not transport_native.available():
-    return None
+    return
   hook = transport_native.dispatch_hook()
   adapter.hook_dispatches(hook)
   if not adapter.dispatches_hooked(hook):
-    return None
-  on_this_thread, on_all = transport_native.dispatches()
-  others_drained = tuple(
-      transport.drained
-      for name, transport in host_side.runtime.transports().items()
-      if name != transport_native.NativeTransport.name)
-  return Began(on_this_thread, on_all, ordering.multi_device_lowerings(),
-               hook, transport_native.settled_check(), others_drained)
+    return
+  if now is _never:
+    _configure(in_flight, hook)
+    now = transport_native.idle_check()
+  transport_native.idle_check_begin()
 
 
-def waited(began: Optional[Began]) -> None:
-  """After a barrier that `began` so waited on the probes of every
-  device."""
-  _last.began = began
+def _configure(in_flight: Any, hook: Callable[..., None]) -> None:
+  runtime = host_side.runtime
+  jax_empty, jax_same = adapter.idle_watches(hook)
+  transport_native.configure_idle_check(
+      given_up=in_flight.given_up_watch(),
+      lowerings=ordering.multi_device_lowerings_watch(),
+      empty=(*runtime.idle_watches(), (consumer_threads, "active"),
+             *jax_empty),
+      same=jax_same,
+      drained=tuple(
+          transport.drained_watch()
+          for name, transport in runtime.transports().items()
+          if name != transport_native.NativeTransport.name))
 
 
-def idle(given_up: int) -> bool:
-  """Whether a barrier would find nothing to wait for: see the module's
-  docstring; `given_up`: the executions in flight that barriers gave up
-  on."""
-  began: Optional[Began] = getattr(_last, "began", None)
-  if began is None:
-    return False
-  lowerings = ordering.multi_device_lowerings()
-  if lowerings != began.multi_device_lowerings:
-    return False
-  on_all = began.on_all if lowerings else -1
-  if not (began.settled(began.on_this_thread, on_all, given_up)
-          and not adapter.runtime_tokens_pending()
-          and adapter.dispatches_hooked(began.hook)):
-    return False
-  for drained in began.others_drained:
-    if not drained():
-      return False
-  return True
+def waited(covered: bool) -> None:
+  """After a barrier waited (after `begin`); `covered`: on the probes of
+  every device, so that the next barrier on this thread may be idle."""
+  if transport_native.available():
+    transport_native.idle_check_waited(covered)

@@ -19,6 +19,7 @@ device run in dispatch order, which keeps taps ordered across them.
 from __future__ import annotations
 
 import functools
+import sys
 from typing import Any, Iterator, List, Sequence, Tuple
 
 import jax
@@ -55,6 +56,12 @@ _multi_device_lowerings = 0
 def multi_device_lowerings() -> int:
   """How many computations of ours over several devices were lowered."""
   return _multi_device_lowerings
+
+
+def multi_device_lowerings_watch() -> Tuple[Any, str]:
+  """Where `multi_device_lowerings` lives, as (object, attribute), for the
+  barrier's native idle check to read."""
+  return sys.modules[__name__], "_multi_device_lowerings"
 
 
 def multi_device_lowered() -> bool:

@@ -32,7 +32,7 @@ namespace {
 
 // Bumped whenever a function's signature changes (the module's
 // ABI_VERSION, which receiver/native_library.py checks).
-constexpr int kAbiVersion = 25;
+constexpr int kAbiVersion = 26;
 
 // Adds `name` = `value` (a new reference, or null with an exception set)
 // to `module`; false with an exception set.
@@ -140,6 +140,7 @@ PyMODINIT_FUNC PyInit__native() {
   if (!AddConstant(module, "Memory", memory_type) ||
       PyModule_AddFunctions(module, hcb::python::kQueueMethods) < 0 ||
       PyModule_AddFunctions(module, hcb::python::kHookMethods) < 0 ||
+      PyModule_AddFunctions(module, hcb::python::kIdleCheckMethods) < 0 ||
       PyModule_AddFunctions(module, hcb::python::kInstanceMethods) < 0 ||
       PyModule_AddFunctions(module, hcb::python::kCudaMethods) < 0 ||
       PyModule_AddFunctions(module, hcb::python::kTestingMethods) < 0 ||

@@ -1,9 +1,9 @@
 // The module's functions over the queues and sites: the receiver attaching
 // and detaching, the sites' registration, a consumer's batches and
 // releases, a guest's packet, the waits and statistics of barriers, the
-// replies to requests, the executions and dispatches counts, barrier_wait's
-// idle check and the CPU's FFI handlers. The
-// Python side is receiver/native_library.py and receiver/transport_native.py.
+// replies to requests, the executions counts, the dispatches' hook and the
+// CPU's FFI handlers. The Python side is receiver/native_library.py and
+// receiver/transport_native.py.
 
 #include "module_support.h"
 
@@ -47,30 +47,6 @@ PyObject* ExecutionFailed(PyObject*, PyObject*) {
 PyObject* NoteDispatch(PyObject*, PyObject* const*, Py_ssize_t, PyObject*) {
   hcb::Dispatches::Get().Note();
   Py_RETURN_NONE;
-}
-
-// dispatches() -> (noted on the calling thread, on all threads).
-PyObject* DispatchCounts(PyObject*, PyObject*) {
-  const hcb::Dispatches& dispatches = hcb::Dispatches::Get();
-  return Py_BuildValue("(LL)", static_cast<long long>(dispatches.OnThisThread()),
-                       static_cast<long long>(dispatches.All()));
-}
-
-// settled(on_this_thread, all, given_up): whether the dispatches noted are
-// still those counts (`all` < 0: any number on other threads), at most
-// `given_up` executions are in flight and every queue is drained.
-PyObject* Settled(PyObject*, PyObject* args) {
-  long long on_this_thread, all, given_up;
-  if (!PyArg_ParseTuple(args, "LLL", &on_this_thread, &all, &given_up)) {
-    return nullptr;
-  }
-  const hcb::Dispatches& dispatches = hcb::Dispatches::Get();
-  if (dispatches.OnThisThread() != on_this_thread ||
-      (all >= 0 && dispatches.All() != all)) {
-    Py_RETURN_FALSE;
-  }
-  if (hcb::Executions::Get().InFlight() > given_up) Py_RETURN_FALSE;
-  return CatchToPython([&] { return PyBool_FromLong(hub().Drained()); });
 }
 
 PyObject* AttachReceiver(PyObject*, PyObject* args) {
@@ -292,8 +268,6 @@ PyMethodDef kQueueMethods[] = {
     {"note_dispatch", reinterpret_cast<PyCFunction>(
                           reinterpret_cast<void (*)()>(NoteDispatch)),
      METH_FASTCALL | METH_KEYWORDS, nullptr},
-    {"dispatches", DispatchCounts, METH_NOARGS, nullptr},
-    {"settled", Settled, METH_VARARGS, nullptr},
     {"attach", AttachReceiver, METH_VARARGS, nullptr},
     {"detach", DetachReceiver, METH_NOARGS, nullptr},
     {"wake_consumers", WakeConsumers, METH_NOARGS, nullptr},
