@@ -113,7 +113,7 @@ SOURCES = (
     "module_testing.cc", "python_hooks.cc", "idle_check.cc", "python_runner.cc",
     "python_arguments.cc", "python_results.cc",
     "python_sites.cc", "python_memory.cc", "python_dlpack.cc",
-    "python_instances.cc",
+    "python_instances.cc", "python_consume.cc",
 )
 HEADERS = (
     "status.h", "packet.h", "waits.h", "block_pool.h", "device_queue.h",

@@ -116,7 +116,10 @@ class Receiver:
                      taken: Deque[Packet]) -> None:
     runs = self._runs.of(transport.name, device_id)
     while taken:
-      packet = taken.popleft()
+      self._runner.run_taken(taken, runs, transport.mark_finished, device_id)
+      if not taken:
+        break
+      packet = taken.popleft()  # what run_taken leaves to run_queued
       self._runner.run_queued(packet, runs)
       transport.mark_finished(device_id, packet)
       del packet  # a large packet's memory returns to its pool now

@@ -181,6 +181,14 @@ def idle_check() -> Callable[[], bool]:
   return native.idle_now
 
 
+def taken_runner() -> Optional[Callable[..., None]]:
+  """`run_taken(taken, popleft, consumers, counts, slots, failed,
+  mark_finished, device_id)`: a receiver thread's taken packets run in C
+  (native/python_consume.cc); None where the native module is not
+  built."""
+  return None if native is None else native.run_taken
+
+
 def pool_stats() -> Dict[str, int]:
   """The native block pool: free bytes and blocks, blocks out of the pool
   (queued or viewed by arrays) and bytes mapped in all."""

@@ -5,7 +5,9 @@ docs/architecture.md).
 
 - `run_queued`: a packet taken from a device's queue, by its receiver
   thread, a guest (a barrier, or a request that finds taps waiting before
-  it) or a nested consumer.
+  it) or a nested consumer. `run_taken` runs a receiver thread's packets
+  that wait for no reply as it would, in C where the native module is
+  built (`native/python_consume.cc`).
 - `direct_parts(name)`: a request run on the device's own thread
   (`DirectRunParts`). The native runner (`native/python_runner.cc:
   CallConsumer`) skips `run`'s Python frame for a request lent no buffers:
@@ -20,10 +22,12 @@ with nothing in flight, is not), every failure recorded in the one
 
 from __future__ import annotations
 
-from typing import Any, Dict, List, NoReturn, Optional, Sequence
+from typing import (Any, Callable, Deque, Dict, List, NoReturn, Optional,
+                    Sequence)
 
 import numpy as np
 
+from . import native_library
 from .consumer_threads import consumer_thread
 from .ctrl_c import stopped_by_ctrl_c
 from .errors import ErrorLog
@@ -42,6 +46,7 @@ class HostFunctionRunner:
     self.registry = registry
     self.errors = errors
     self.runs = runs
+    self._run_taken = native_library.taken_runner()
 
   def run_queued(self, packet: Packet, runs: QueueRuns,
                  raise_interrupt: bool = False) -> None:
@@ -69,6 +74,24 @@ class HostFunctionRunner:
         raise
     finally:
       runs.end()
+
+  def run_taken(self, taken: Deque[Packet], runs: QueueRuns,
+                mark_finished: Callable[[int, Packet], None],
+                device_id: int) -> None:
+    """Runs packets from the left of `taken`, a receiver thread's, as
+    `run_queued` would (no Ctrl-C is raised there), then
+    `mark_finished(device_id, packet)` each; stops at the first that waits
+    for a reply, whose consumer is gone, or once the counts are closed,
+    which `run_queued` runs. Where the native module is not built, runs
+    none."""
+    if self._run_taken is not None:
+      self._run_taken(taken, taken.popleft, self.registry.consumers,
+                      self.runs, runs.slots, self._tap_failed, mark_finished,
+                      device_id)
+
+  def _tap_failed(self, error: BaseException) -> None:
+    """What `run_queued` does when a receiver thread's tap raised."""
+    self._queued_failed(error, raise_interrupt=False, delivered=False)
 
   def _queued_failed(self, error: BaseException, raise_interrupt: bool,
                      delivered: bool) -> bool:

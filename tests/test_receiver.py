@@ -30,6 +30,45 @@ def slow_recorder(rec, seconds=0.002):
   return tap
 
 
+# --- the receiver thread's batches ------------------------------------------
+
+
+@in_outfeed_mode
+def test_a_batch_of_taps_with_failures_and_calls_runs_in_order():
+  """A receiver thread runs a batch's taps in C and its calls (which wait
+  for a reply) in Python: every host function runs once, in the device's
+  order; each failing tap is recorded and the others go on."""
+  seen = []
+
+  def tap(arg, transforms):
+    del transforms
+    seen.append(("tap", int(arg)))
+    if int(arg) % 50 == 7:
+      raise ValueError(f"tap {int(arg)} failed")
+
+  def host(arg):
+    seen.append(("call", int(arg)))
+    return arg
+
+  def body(carry, i):
+    carry = hcb.id_tap(tap, carry + i)
+    carry = jax.lax.cond(i % 100 == 0,
+                         lambda c: hcb.call(host, c, result_shape=c),
+                         lambda c: c, carry)
+    return carry * 0 + i, None
+
+  jax.jit(lambda: jax.lax.scan(body, jnp.int32(0),
+                               jnp.arange(1000, dtype=jnp.int32)))()
+  with pytest.raises(hcb.CallbackException, match="tap 1957 failed"):
+    hcb.barrier_wait()
+  expected = []
+  for i in range(1000):
+    expected.append(("tap", 2 * i - 1 if i else 0))
+    if i % 100 == 0:
+      expected.append(("call", 2 * i - 1 if i else 0))
+  assert seen == expected
+
+
 # --- barrier_wait ------------------------------------------------------------
 
 

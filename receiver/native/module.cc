@@ -142,6 +142,7 @@ PyMODINIT_FUNC PyInit__native() {
       PyModule_AddFunctions(module, hcb::python::kHookMethods) < 0 ||
       PyModule_AddFunctions(module, hcb::python::kIdleCheckMethods) < 0 ||
       PyModule_AddFunctions(module, hcb::python::kInstanceMethods) < 0 ||
+      PyModule_AddFunctions(module, hcb::python::kConsumeMethods) < 0 ||
       PyModule_AddFunctions(module, hcb::python::kCudaMethods) < 0 ||
       PyModule_AddFunctions(module, hcb::python::kTestingMethods) < 0 ||
       !AddConstants(module)) {

@@ -1,9 +1,9 @@
 // What the extension module's parts share: module.cc adds the method
 // tables of the parts (module_queues.cc, module_cuda.cc,
-// module_testing.cc, python_hooks.cc, idle_check.cc), whose functions run
-// C++ with its exceptions turned into Python's (CatchToPython), release the
-// GIL while they wait or copy much (WithoutGil), and parse lists of ints
-// and spans.
+// module_testing.cc, python_hooks.cc, idle_check.cc, python_instances.cc,
+// python_consume.cc), whose functions run C++ with its exceptions turned
+// into Python's (CatchToPython), release the GIL while they wait or copy
+// much (WithoutGil), and parse lists of ints and spans.
 //
 // C++ exceptions become Python exceptions: std::bad_alloc a MemoryError,
 // any other a RuntimeError.
@@ -82,6 +82,7 @@ extern PyMethodDef kTestingMethods[];  // module_testing.cc
 extern PyMethodDef kHookMethods[];     // python_hooks.cc
 extern PyMethodDef kIdleCheckMethods[];  // idle_check.cc
 extern PyMethodDef kInstanceMethods[];  // python_instances.cc
+extern PyMethodDef kConsumeMethods[];  // python_consume.cc
 
 }  // namespace hcb::python
 

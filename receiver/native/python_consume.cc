@@ -1,0 +1,149 @@
+// A receiver thread's taps in C (run_taken): the packets it took from a
+// device's queue, run from the left as receiver/runner.py:run_queued runs
+// them, without its Python frames: each consumer's run counted in the
+// queue's slots (python_runner.h:RunSlot, as QueueRuns.begin and end), its
+// error handed to `failed`, and `mark_finished(device_id, packet)` after
+// each. It stops at the first packet it does not run that way: one that
+// waits for a reply (a call's), whose consumer is gone, or once the counts
+// are closed (the process ends); Python's run_queued runs that one.
+
+#include "module_support.h"
+
+#include "python_limited.h"
+#include "python_runner.h"
+
+namespace hcb::python {
+namespace {
+
+// Attribute names, interned once.
+PyObject* kReply = nullptr;
+PyObject* kConsumerId = nullptr;
+PyObject* kArrays = nullptr;
+PyObject* kClosed = nullptr;
+
+bool InternNames() {
+  if (kReply != nullptr) return true;
+  kReply = PyUnicode_InternFromString("reply");
+  kConsumerId = PyUnicode_InternFromString("consumer_id");
+  kArrays = PyUnicode_InternFromString("arrays");
+  kClosed = PyUnicode_InternFromString("closed");
+  return kReply != nullptr && kConsumerId != nullptr && kArrays != nullptr &&
+         kClosed != nullptr;
+}
+
+// The consumer of `packet` when this loop may run it (a new reference);
+// null without an exception when Python's run_queued must.
+PyObject* PlainConsumer(PyObject* packet, PyObject* consumers,
+                        PyObject* counts) {
+  PyObject* closed = PyObject_GetAttr(counts, kClosed);
+  if (closed == nullptr) return nullptr;
+  const int is_closed = PyObject_IsTrue(closed);
+  Py_DECREF(closed);
+  if (is_closed != 0) return nullptr;
+  PyObject* reply = PyObject_GetAttr(packet, kReply);
+  if (reply == nullptr) return nullptr;
+  Py_DECREF(reply);  // only compared
+  if (reply != Py_None) return nullptr;
+  PyObject* consumer_id = PyObject_GetAttr(packet, kConsumerId);
+  if (consumer_id == nullptr) return nullptr;
+  PyObject* consumer = PyDict_GetItemWithError(consumers, consumer_id);
+  Py_DECREF(consumer_id);
+  Py_XINCREF(consumer);
+  return consumer;
+}
+
+// Runs one packet, already taken off `taken`; false with an exception set
+// when `failed` or `mark_finished` raised.
+bool RunOne(PyObject* packet, PyObject* consumer, int64_t* slots,
+            PyObject* device_id, PyObject* failed, PyObject* mark_finished) {
+  PyObject* arrays = PyObject_GetAttr(packet, kArrays);
+  if (arrays == nullptr) return false;
+  ++slots[kRunning];
+  ++slots[kBegunQueued];
+  PyObject* result =
+      PyObject_CallFunctionObjArgs(consumer, arrays, device_id, nullptr);
+  --slots[kRunning];
+  ++slots[kRan];
+  Py_DECREF(arrays);
+  bool ok = true;
+  if (result == nullptr) {
+    PyObject* error = TakeRaised();
+    PyObject* recorded =
+        error == nullptr ? nullptr : CallOne(failed, error);
+    Py_XDECREF(error);
+    ok = recorded != nullptr;
+    Py_XDECREF(recorded);
+  } else {
+    Py_DECREF(result);
+  }
+  PyObject* error_type = nullptr, *error_value = nullptr, *traceback = nullptr;
+  if (!ok) PyErr_Fetch(&error_type, &error_value, &traceback);
+  PyObject* finished = PyObject_CallFunctionObjArgs(mark_finished, device_id,
+                                                    packet, nullptr);
+  if (!ok) {
+    Py_XDECREF(finished);
+    if (finished == nullptr) PyErr_Clear();
+    PyErr_Restore(error_type, error_value, traceback);
+    return false;
+  }
+  if (finished == nullptr) return false;
+  Py_DECREF(finished);
+  return true;
+}
+
+// run_taken(taken, popleft, consumers, counts, slots, failed, mark_finished,
+// device_id): see the top. `taken` is the deque, `popleft` its method,
+// `consumers` the registry's table, `counts` the RunCounts (its `closed`),
+// `slots` the queue's QueueRuns.slots.
+PyObject* RunTaken(PyObject* /*module*/, PyObject* args) {
+  PyObject *taken, *popleft, *consumers, *counts, *slots_object, *failed,
+      *mark_finished, *device_id;
+  if (!PyArg_ParseTuple(args, "OOO!OOOOO:run_taken", &taken, &popleft,
+                        &PyDict_Type, &consumers, &counts, &slots_object,
+                        &failed, &mark_finished, &device_id) ||
+      !InternNames()) {
+    return nullptr;
+  }
+  Py_buffer view;
+  if (PyObject_GetBuffer(slots_object, &view, PyBUF_WRITABLE) < 0) {
+    return nullptr;
+  }
+  if (view.len != kRunSlots * static_cast<Py_ssize_t>(sizeof(int64_t))) {
+    PyBuffer_Release(&view);
+    PyErr_SetString(PyExc_ValueError, "run_taken: not the counts' slots");
+    return nullptr;
+  }
+  auto* slots = static_cast<int64_t*>(view.buf);
+  bool ok = true;
+  while (ok && PyObject_Length(taken) > 0) {
+    PyObject* packet = PySequence_GetItem(taken, 0);
+    if (packet == nullptr) {
+      ok = false;
+      break;
+    }
+    PyObject* consumer = PlainConsumer(packet, consumers, counts);
+    if (consumer == nullptr) {
+      Py_DECREF(packet);
+      ok = !PyErr_Occurred();
+      break;  // Python's run_queued runs it (or the error goes up)
+    }
+    PyObject* popped = PyObject_CallObject(popleft, nullptr);  // `packet`
+    Py_XDECREF(popped);
+    ok = popped != nullptr &&
+         RunOne(packet, consumer, slots, device_id, failed, mark_finished);
+    Py_DECREF(consumer);
+    Py_DECREF(packet);  // a large packet's memory returns to its pool now
+  }
+  PyBuffer_Release(&view);
+  if (!ok) return nullptr;
+  Py_RETURN_NONE;
+}
+
+}  // namespace
+
+PyMethodDef kConsumeMethods[] = {
+    {"run_taken", RunTaken, METH_VARARGS, nullptr},
+    {nullptr, nullptr, 0, nullptr},
+};
+
+}  // namespace hcb::python
