@@ -9,6 +9,7 @@ from typing import Any, List, Optional, Sequence
 
 import numpy as np
 
+from .instances import new_instance
 from .native_library import native
 from .native_memory import lent_block, return_block
 from .native_sites import Site, sites
@@ -140,6 +141,8 @@ def decode(data: np.ndarray, rows: List[List[int]], device: Any
     arrays = zip(*columns) if columns else itertools.repeat((), run)
     replies = (map(NativeReply, [row[2] for row in run_rows])
                if request_id else itertools.repeat(None, run))
-    packets.extend(map(Packet, itertools.repeat(site.consumer_id, run),
+    # new_instance: a Packet made in C, at half the cost of its __init__.
+    packets.extend(map(new_instance, itertools.repeat(Packet, run),
+                       itertools.repeat(site.consumer_id, run),
                        itertools.repeat(device_id, run), arrays, replies))
   return packets
