@@ -21,9 +21,14 @@ using Clock = std::chrono::steady_clock;
 // Every wait re-checks its way out at least this often.
 constexpr auto kPollInterval = std::chrono::milliseconds(50);
 
+// One turn of a spin: the CPU's spin-wait hint (x86's `pause`, aarch64's
+// `yield`), which slows the loop and gives way to a sibling hardware thread;
+// elsewhere the OS's yield, a system call.
 inline void Relax() {
 #if defined(__x86_64__) || defined(_M_X64)
   _mm_pause();
+#elif defined(__aarch64__)
+  __asm__ __volatile__("yield");
 #else
   std::this_thread::yield();
 #endif
