@@ -536,16 +536,30 @@ def idle_watches(hook: Callable[..., None]
 # function (jitted, pmapped or ahead-of-time compiled; not the first call,
 # which goes through the Python path): jax._src.api._post_hook_state, which
 # jax_debug_nans and jax_debug_infs set to their check. Checked against jax
-# 0.10.2; None where it is missing.
+# 0.10.2 and 0.12.0.1; None where it is missing.
 _POST_HOOK = getattr(_api, "_post_hook_state", None)
+# The value of a thread-local setting that is not set (jaxlib's config).
+_UNSET = getattr(_config.config_ext, "unset", None)
 
 
 def hook_dispatches(hook: Callable[..., None]) -> None:
-  """Makes JAX call `hook(*anything)` after each fast-path dispatch, unless
-  another hook is set (jax_debug_nans's check, which JAX sets and unsets
-  when that option changes)."""
-  if _POST_HOOK is not None and _POST_HOOK.get_global() is None:
+  """Makes JAX call `hook(*anything)` after each fast-path dispatch on the
+  calling thread, unless another hook is set (jax_debug_nans's check,
+  which JAX sets and unsets when that option changes).
+
+  When a `jax.debug_nans(False)` context ends (jnp.var, lax.sort and
+  jax.core.jaxpr_as_fun enter one, also while tracing), JAX leaves the
+  thread's own hook set to None where it means unset, hiding the global
+  one (ours, or the NaN check) on that thread for good: with neither
+  debug_nans nor debug_infs set on the thread, it is unset again."""
+  if _POST_HOOK is None:
+    return
+  if _POST_HOOK.get_global() is None:
     _POST_HOOK.set_global(hook)
+  if (_UNSET is not None and _POST_HOOK.get_local() is None and
+      _config.debug_nans.get_local() is _UNSET and
+      _config.debug_infs.get_local() is _UNSET):
+    _POST_HOOK.set_local(_UNSET)
 
 
 def dispatches_hooked(hook: Callable[..., None]) -> bool:

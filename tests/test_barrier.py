@@ -13,7 +13,7 @@ import numpy as np
 import pytest
 
 import host_callback as hcb
-from host_callback.barrier import barrier, probes
+from host_callback.barrier import barrier, idle, probes
 from host_callback.primitive import executions
 from host_callback.host import host_side
 from host_callback.host.device_numbers import zero_on
@@ -377,22 +377,45 @@ def _idle_after_a_tap():
   hcb.barrier_wait()
 
 
+class _Pending:
+  """What a barrier listener acts on: the listener has work while `work`
+  is not empty."""
+
+  def __init__(self):
+    self.work = []
+    self.calls = []
+
+  def listener(self):
+    self.calls.append(list(self.work))
+    self.work.clear()
+
+
 def test_an_idle_barrier_still_logs_and_runs_the_listeners(caplog):
   """An idle barrier returns after one native check, unless it has work
-  beside waiting: it still logs its name and calls the listeners (the
-  progress bars close their bars)."""
-  _idle_after_a_tap()
-  before = _sent_and_begun()
-  calls = []
-  barrier.after_each_wait(lambda: calls.append("listener"))
+  beside waiting: it still logs its name and calls a listener that has
+  work (the progress bars close the bars still open), and skips one that
+  has none."""
+  pending = _Pending()
+  barrier.after_each_wait(pending.listener,
+                          idle_when_empty=((pending, "work"),))
   try:
+    _idle_after_a_tap()
+    before = _sent_and_begun()
+    pending.calls.clear()
+    hcb.barrier_wait()  # idle, and the listener has nothing to do
+    assert pending.calls == []
+    pending.work.append("a bar still open")
+    hcb.barrier_wait()
+    assert pending.calls == [["a bar still open"]]
     caplog.set_level(logging.DEBUG, logger="host_callback")
     hcb.barrier_wait("idle")
   finally:
-    barrier._after_wait.pop()  # pylint: disable=protected-access
+    # pylint: disable=protected-access
+    barrier._after_wait.remove(pending.listener)
+    del barrier._after_wait_idle_when_empty[-1]
+    idle.reconfigure()
   assert [r.getMessage() for r in caplog.records][-2:] == [
       "barrier_wait[idle]: start", "barrier_wait[idle]: done"]
-  assert calls == ["listener"]
   assert _sent_and_begun() == before  # it was idle
 
 
@@ -431,3 +454,38 @@ def test_an_idle_barrier_raises_an_error_from_another_thread(both_modes):
   with pytest.raises(hcb.CallbackException, match="tap 1.0 failed"):
     hcb.barrier_wait()
   hcb.barrier_wait()  # raised once
+
+
+def test_a_barrier_is_idle_again_after_jax_hid_the_dispatch_hook(monkeypatch):
+  """jnp.var (like lax.sort and jaxpr_as_fun) enters jax.debug_nans(False),
+  whose end leaves the thread's own post-dispatch hook set to None, which
+  hides ours: one barrier that waits restores it, and the next is idle
+  (it dispatches no probe)."""
+  _idle_after_a_tap()
+  jnp.var(jnp.ones(3))
+  hcb.barrier_wait()  # waits: the hook did not count since
+  dispatched = []
+  real_dispatch = probes.dispatch
+  monkeypatch.setattr(probes, "dispatch",
+                      lambda *a, **k: dispatched.append(a) or
+                      real_dispatch(*a, **k))
+  hcb.barrier_wait()
+  assert dispatched == []
+
+
+def test_jax_debug_nans_still_checks_after_a_barrier():
+  """The barrier's hook never takes the place of jax_debug_nans's check."""
+  _idle_after_a_tap()
+  jnp.var(jnp.ones(3))
+  hcb.barrier_wait()
+  nan = jax.jit(lambda x: jnp.log(x) * 0 + x / x)
+  nan(jnp.float32(1.0))
+  jax.config.update("jax_debug_nans", True)
+  try:
+    with pytest.raises(FloatingPointError):
+      nan(jnp.float32(0.0))
+    hcb.barrier_wait()
+    with pytest.raises(FloatingPointError):
+      nan(jnp.float32(0.0))
+  finally:
+    jax.config.update("jax_debug_nans", False)

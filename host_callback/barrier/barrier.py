@@ -26,7 +26,7 @@ import functools
 import logging
 import threading
 import time
-from typing import Any, Callable, Dict, List, Optional, Tuple
+from typing import Any, Callable, Dict, List, Optional, Sequence, Tuple
 
 import jax
 import numpy as np
@@ -69,15 +69,23 @@ _NOT_DISPATCHING = ("host_callback_", "tqdm_monitor")
 _Key = Tuple[str, int]
 
 # Called after each barrier has waited: the progress bars close the bars
-# whose loops ended unseen. Appended to at import only.
+# whose loops ended unseen. Appended to at import only. With each, the
+# (object, attribute) pairs that are empty while it has nothing to do: an
+# idle barrier skips it then (`idle`, which watches them).
 _after_wait: List[Callable[[], None]] = []
+_after_wait_idle_when_empty: List[Tuple[Any, str]] = []
 
 
-def after_each_wait(listener: Callable[[], None]) -> None:
+def after_each_wait(listener: Callable[[], None],
+                    idle_when_empty: Sequence[Tuple[Any, str]]) -> None:
   """Calls `listener()` after each barrier has waited, before it raises a
-  recorded error; what it raises is logged and dropped."""
+  recorded error; what it raises is logged and dropped. `listener` has
+  nothing to do while the attributes `idle_when_empty` names, as (object,
+  attribute) pairs, are empty: an idle barrier then does not call it."""
   if listener not in _after_wait:
     _after_wait.append(listener)
+    _after_wait_idle_when_empty.extend(idle_when_empty)
+    idle.reconfigure()
 
 
 def _waited() -> None:
@@ -379,7 +387,7 @@ def barrier_wait(logging_name: Optional[str] = None) -> None:
   thread. Then raises `CallbackException` if a callback raised since the last
   barrier.
   """
-  if idle.now() and not _after_wait and not logger.isEnabledFor(logging.DEBUG):
+  if idle.now() and not logger.isEnabledFor(logging.DEBUG):
     return  # nothing to wait for, release, raise, call or log
   _check_not_in_consumer("barrier_wait")
   host_side.runtime.check_usable()
@@ -387,7 +395,7 @@ def barrier_wait(logging_name: Optional[str] = None) -> None:
   if logs:
     logger.debug("barrier_wait[%s]: start", logging_name)
   if not idle.now():
-    idle.begin(_in_flight)
+    idle.begin(_in_flight, _after_wait_idle_when_empty)
     idle.waited(_wait_for_devices())
     _release_runtime_tokens()
   if logs:

@@ -17,16 +17,17 @@ first call of one, dispatched through JAX's Python path, which calls no
 hook, perhaps on another thread) also makes the next barrier wait. Only on
 CPU with the native library built.
 
-The native check also reads what each part watches, configured once: the
-runtime (retired consumers, a recorded error, a fork), the thread running
-host functions, JAX (its runtime tokens, and whether our hook is still the
-one JAX calls), the barriers' given-up executions and the other transports'
-queues.
+The native check also reads what each part watches, configured once (and
+again after `reconfigure`): the runtime (retired consumers, a recorded
+error, a fork), the thread running host functions, JAX (its runtime
+tokens, and whether our hook is still the one JAX calls), the barriers'
+given-up executions, what the barrier's listeners act on (the progress
+bars still open) and the other transports' queues.
 """
 
 from __future__ import annotations
 
-from typing import Any, Callable
+from typing import Any, Callable, Sequence, Tuple
 
 from .. import _jax_adapter as adapter
 from ..host import host_side
@@ -45,10 +46,12 @@ def _never() -> bool:
 now: Callable[[], bool] = _never
 
 
-def begin(in_flight: Any) -> None:
+def begin(in_flight: Any, listeners_idle_when_empty: Sequence[Tuple[Any, str]]
+          ) -> None:
   """Before a barrier waits on the probes: hooks JAX's dispatches and notes
   the counts the barrier begins with, unless no idle check can follow it.
-  `in_flight`: the barriers' `_InFlight`."""
+  `in_flight`: the barriers' `_InFlight`; `listeners_idle_when_empty`: what
+  is empty while the barrier's listeners have nothing to do."""
   global now
   if not transport_native.available():
     return
@@ -57,19 +60,27 @@ def begin(in_flight: Any) -> None:
   if not adapter.dispatches_hooked(hook):
     return
   if now is _never:
-    _configure(in_flight, hook)
+    _configure(in_flight, hook, listeners_idle_when_empty)
     now = transport_native.idle_check()
   transport_native.idle_check_begin()
 
 
-def _configure(in_flight: Any, hook: Callable[..., None]) -> None:
+def reconfigure() -> None:
+  """What the check watches changed: the next barrier that waits
+  configures it anew (and no barrier is idle before)."""
+  global now
+  now = _never
+
+
+def _configure(in_flight: Any, hook: Callable[..., None],
+               listeners_idle_when_empty: Sequence[Tuple[Any, str]]) -> None:
   runtime = host_side.runtime
   jax_empty, jax_same = adapter.idle_watches(hook)
   transport_native.configure_idle_check(
       given_up=in_flight.given_up_watch(),
       lowerings=ordering.multi_device_lowerings_watch(),
       empty=(*runtime.idle_watches(), (consumer_threads, "active"),
-             *jax_empty),
+             *jax_empty, *listeners_idle_when_empty),
       same=jax_same,
       drained=tuple(
           transport.drained_watch()

@@ -110,7 +110,9 @@ def _close_unfinished() -> None:
 
 
 stop_listeners.add_listener(_close_device)
-barrier.after_each_wait(_close_unfinished)
+barrier.after_each_wait(_close_unfinished,
+                        idle_when_empty=((sys.modules[__name__], "_open"),
+                                         (sys.modules[__name__], "_reserved")))
 
 
 @dataclasses.dataclass(frozen=True)
