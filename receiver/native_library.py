@@ -145,13 +145,14 @@ def dispatch_hook() -> Callable[..., None]:
 def configure_idle_check(
     given_up: Tuple[Any, str], lowerings: Tuple[Any, str],
     empty: Sequence[Tuple[Any, str]], same: Sequence[Tuple[Any, str, Any]],
-    drained: Sequence[Tuple[Any, str, Callable[[], bool]]]) -> None:
+    drained: Sequence[Tuple[Any, str, str, str]]) -> None:
   """What the idle check reads besides the native counts, each as (object,
   attribute name): the executions in flight that barriers gave up on, the
   computations over several devices lowered, attributes that must be
   empty, attributes that must be the given object, and (object,
-  attribute, function): while the attribute is not empty, `function()`
-  must return true. Forgets the barriers that waited."""
+  attribute, enqueued, finished): a dict of queues, each of which must
+  have its attributes `enqueued` and `finished` equal. Forgets the
+  barriers that waited."""
   assert native is not None, "the native transport is not built"
   native.idle_check_configure(tuple(given_up), tuple(lowerings),
                               tuple(map(tuple, empty)),

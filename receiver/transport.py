@@ -151,11 +151,6 @@ class Transport(Producer, Protocol):
   def drained(self) -> bool:
     """Whether every packet sent so far, to any queue, has been consumed."""
 
-  def drained_watch(self) -> Tuple[object, str, Callable[[], bool]]:
-    """(object, attribute, `drained`): while the attribute is empty no
-    queue is open, so the transport is drained without calling `drained`
-    (what barrier_wait's native idle check reads)."""
-
   def device_ids(self) -> List[int]:
     """The devices whose queues are open."""
 

@@ -299,9 +299,6 @@ class NativeTransport:
   def drained(self) -> bool:
     return native.drained()
 
-  def drained_watch(self) -> Tuple[object, str, Callable[[], bool]]:
-    return self, "_devices", self.drained
-
   def device_ids(self) -> List[int]:
     with self._lock:
       return list(self._devices)

@@ -251,8 +251,10 @@ class PythonTransport:
         return False
     return True
 
-  def drained_watch(self) -> Tuple[object, str, Callable[[], bool]]:
-    return self, "_queues", self.drained
+  def drained_watch(self) -> Tuple[object, str, str, str]:
+    """What `drained` reads, for barrier_wait's native idle check: (self,
+    the queues' dict, each queue's enqueued and finished counts)."""
+    return self, "_queues", "_enqueued", "_finished"
 
   def device_ids(self) -> List[int]:
     with self._lock:

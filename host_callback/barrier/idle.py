@@ -82,6 +82,7 @@ def _configure(in_flight: Any, hook: Callable[..., None],
       empty=(*runtime.idle_watches(), (consumer_threads, "active"),
              *jax_empty, *listeners_idle_when_empty),
       same=jax_same,
+      # The Python transport's queues (the native ones are read in C).
       drained=tuple(
           transport.drained_watch()
           for name, transport in runtime.transports().items()

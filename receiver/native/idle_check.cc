@@ -12,8 +12,8 @@
 // watches the Python side configured hold: attributes that must be empty
 // (a pending error, a retired consumer, the runtime tokens a dispatch left),
 // attributes that must be a given object (the hook that counts dispatches)
-// and functions that must return true while an attribute is not empty (the
-// other transports drained, once they opened a queue). The
+// and dicts of queues whose every queue has finished what was enqueued
+// (the Python transport's). The
 // Python side is host_callback/barrier/idle.py.
 
 #include "module_support.h"
@@ -34,7 +34,8 @@ struct Watches {
   PyObject* lowerings = nullptr;  // (object, attribute): an int
   PyObject* empty = nullptr;      // ((object, attribute), ...)
   PyObject* same = nullptr;       // ((object, attribute, expected), ...)
-  PyObject* drained = nullptr;    // ((object, attribute, callable), ...)
+  PyObject* drained = nullptr;    // ((object, attribute, enqueued,
+                                  //   finished), ...)
   int64_t generation = 0;         // bumped by each configure
 };
 Watches watches;
@@ -64,6 +65,34 @@ bool ReadInt(PyObject* pair, int64_t* out) {
   return !PyErr_Occurred();
 }
 
+// Whether every value of the dict `queues` has as many packets finished
+// (attribute `finished`) as enqueued (attribute `enqueued`): 1 or 0, -1
+// with an exception set. The finished count is read first, so that a
+// packet enqueued meanwhile counts as waiting (under the GIL nothing runs
+// meanwhile).
+int AllDrained(PyObject* queues, PyObject* enqueued, PyObject* finished) {
+  if (!PyDict_Check(queues)) {
+    PyErr_SetString(PyExc_TypeError, "idle check: the queues are no dict");
+    return -1;
+  }
+  Py_ssize_t position = 0;
+  PyObject *key, *queue;
+  while (PyDict_Next(queues, &position, &key, &queue)) {
+    PyObject* done = PyObject_GetAttr(queue, finished);
+    if (done == nullptr) return -1;
+    PyObject* sent = PyObject_GetAttr(queue, enqueued);
+    if (sent == nullptr) {
+      Py_DECREF(done);
+      return -1;
+    }
+    const int equal = PyObject_RichCompareBool(sent, done, Py_EQ);
+    Py_DECREF(sent);
+    Py_DECREF(done);
+    if (equal <= 0) return equal;
+  }
+  return 1;
+}
+
 // 1 when every watch holds, 0 when one does not, -1 with an exception set.
 int WatchesHold() {
   for (Py_ssize_t i = 0, n = PyTuple_Size(watches.empty); i < n; ++i) {
@@ -82,21 +111,13 @@ int WatchesHold() {
     if (value != PyTuple_GetItem(triple, 2)) return 0;
   }
   for (Py_ssize_t i = 0, n = PyTuple_Size(watches.drained); i < n; ++i) {
-    PyObject* triple = PyTuple_GetItem(watches.drained, i);
-    PyObject* value = Attribute(triple);
-    if (value == nullptr) return -1;
-    int truth = PyObject_IsTrue(value);
-    Py_DECREF(value);
-    if (truth <= 0) {  // empty (nothing to call), or an error
-      if (truth < 0) return -1;
-      continue;
-    }
-    PyObject* result =
-        PyObject_CallObject(PyTuple_GetItem(triple, 2), nullptr);
-    if (result == nullptr) return -1;
-    truth = PyObject_IsTrue(result);
-    Py_DECREF(result);
-    if (truth <= 0) return truth;
+    PyObject* watch = PyTuple_GetItem(watches.drained, i);
+    PyObject* queues = Attribute(watch);
+    if (queues == nullptr) return -1;
+    const int drained = AllDrained(queues, PyTuple_GetItem(watch, 2),
+                                   PyTuple_GetItem(watch, 3));
+    Py_DECREF(queues);
+    if (drained <= 0) return drained;
   }
   return 1;
 }
