@@ -387,14 +387,15 @@ def barrier_wait(logging_name: Optional[str] = None) -> None:
   thread. Then raises `CallbackException` if a callback raised since the last
   barrier.
   """
-  if idle.now() and not logger.isEnabledFor(logging.DEBUG):
+  is_idle = idle.now()
+  logs = logger.isEnabledFor(logging.DEBUG)
+  if is_idle and not logs:
     return  # nothing to wait for, release, raise, call or log
   _check_not_in_consumer("barrier_wait")
   host_side.runtime.check_usable()
-  logs = logger.isEnabledFor(logging.DEBUG)
   if logs:
     logger.debug("barrier_wait[%s]: start", logging_name)
-  if not idle.now():
+  if not is_idle:
     idle.begin(_in_flight, _after_wait_idle_when_empty)
     idle.waited(_wait_for_devices())
     _release_runtime_tokens()

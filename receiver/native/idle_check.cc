@@ -22,6 +22,7 @@
 
 #include "dispatches.h"
 #include "executions.h"
+#include "python_limited.h"
 #include "python_runner.h"
 
 namespace hcb::python {
@@ -135,10 +136,8 @@ PyObject* Configure(PyObject*, PyObject* args) {
   PyObject** const slots[] = {&watches.given_up, &watches.lowerings,
                               &watches.empty, &watches.same, &watches.drained};
   for (int i = 0; i < 5; ++i) {
-    PyObject* old = *slots[i];
     Py_INCREF(given[i]);
-    *slots[i] = given[i];
-    Py_XDECREF(old);
+    Replace(slots[i], given[i]);
   }
   ++watches.generation;
   Py_RETURN_NONE;

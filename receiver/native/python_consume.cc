@@ -58,12 +58,8 @@ bool RunOne(PyObject* packet, PyObject* consumer, int64_t* slots,
             PyObject* device_id, PyObject* failed, PyObject* mark_finished) {
   PyObject* arrays = PyObject_GetAttr(packet, kArrays);
   if (arrays == nullptr) return false;
-  ++slots[kRunning];
-  ++slots[kBegunQueued];
-  PyObject* result =
-      PyObject_CallFunctionObjArgs(consumer, arrays, device_id, nullptr);
-  --slots[kRunning];
-  ++slots[kRan];
+  PyObject* result = CountedCall(slots, /*queued=*/true, consumer, arrays,
+                                 device_id);
   Py_DECREF(arrays);
   bool ok = true;
   if (result == nullptr) {
@@ -105,14 +101,7 @@ PyObject* RunTaken(PyObject* /*module*/, PyObject* args) {
     return nullptr;
   }
   Py_buffer view;
-  if (PyObject_GetBuffer(slots_object, &view, PyBUF_WRITABLE) < 0) {
-    return nullptr;
-  }
-  if (view.len != kRunSlots * static_cast<Py_ssize_t>(sizeof(int64_t))) {
-    PyBuffer_Release(&view);
-    PyErr_SetString(PyExc_ValueError, "run_taken: not the counts' slots");
-    return nullptr;
-  }
+  if (!ViewRunSlots(slots_object, &view)) return nullptr;
   auto* slots = static_cast<int64_t*>(view.buf);
   bool ok = true;
   while (ok && PyObject_Length(taken) > 0) {

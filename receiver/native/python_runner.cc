@@ -39,14 +39,9 @@ int64_t* RunSlots(int64_t device_id) {
                                           static_cast<long long>(device_id));
   if (slots == nullptr) return nullptr;
   Py_buffer view;
-  const int exported = PyObject_GetBuffer(slots, &view, PyBUF_WRITABLE);
+  const bool exported = ViewRunSlots(slots, &view);
   Py_DECREF(slots);
-  if (exported < 0) return nullptr;
-  if (view.len != kRunSlots * static_cast<Py_ssize_t>(sizeof(int64_t))) {
-    PyBuffer_Release(&view);
-    PyErr_SetString(PyExc_ValueError, "run_slots: not the counts' slots");
-    return nullptr;
-  }
+  if (!exported) return nullptr;
   slots_by_device.emplace(device_id, view);
   return static_cast<int64_t*>(view.buf);
 }
@@ -105,12 +100,8 @@ PyObject* CallConsumer(const Site& site, const DirectRequest& request,
   PyObject* on_failure = request.queued ? failed_queued : failed;
   Py_INCREF(consumer);
   Py_INCREF(on_failure);
-  ++slots[kRunning];
-  if (request.queued) ++slots[kBegunQueued];
   PyObject* results =
-      PyObject_CallFunctionObjArgs(consumer, args, device_id, nullptr);
-  --slots[kRunning];
-  ++slots[kRan];
+      CountedCall(slots, request.queued, consumer, args, device_id);
   Py_DECREF(consumer);
   Py_DECREF(device_id);
   PyObject* value = results == nullptr ? TakeRaised() : nullptr;
@@ -196,6 +187,27 @@ DirectOutcome RunWithGil(const DirectRequest& request, std::string* error) {
 }
 
 }  // namespace
+
+bool ViewRunSlots(PyObject* slots, Py_buffer* view) {
+  if (PyObject_GetBuffer(slots, view, PyBUF_WRITABLE) < 0) return false;
+  if (view->len != kRunSlots * static_cast<Py_ssize_t>(sizeof(int64_t))) {
+    PyBuffer_Release(view);
+    PyErr_SetString(PyExc_ValueError, "run slots: not the counts' slots");
+    return false;
+  }
+  return true;
+}
+
+PyObject* CountedCall(int64_t* slots, bool queued, PyObject* consumer,
+                      PyObject* arrays, PyObject* device_id) {
+  ++slots[kRunning];
+  if (queued) ++slots[kBegunQueued];
+  PyObject* results =
+      PyObject_CallFunctionObjArgs(consumer, arrays, device_id, nullptr);
+  --slots[kRunning];
+  ++slots[kRan];
+  return results;
+}
 
 void SetRunner(PyObject* new_runner, PyObject* new_wire,
                PyObject* new_device_buffer, PyObject* new_consumers,

@@ -63,6 +63,17 @@ void StopCallingConsumers();
 // QueueRuns.slots, whose RAN, RUNNING, BEGUN_QUEUED, REFUSED these are).
 enum RunSlot : int { kRan, kRunning, kBegunQueued, kRefused, kRunSlots };
 
+// Exports `slots` (a QueueRuns.slots) into `view`, writable; false with an
+// exception set where it is not kRunSlots int64s. Release with
+// PyBuffer_Release.
+bool ViewRunSlots(PyObject* slots, Py_buffer* view);
+
+// `consumer(arrays, device_id)`, counted in `slots` as QueueRuns.begin (a
+// `queued` packet's) or begin_direct and then end count a Python route's
+// run; null with the exception set where it raised.
+PyObject* CountedCall(int64_t* slots, bool queued, PyObject* consumer,
+                      PyObject* arrays, PyObject* device_id);
+
 // Whether the calling thread runs a host function for a direct run now,
 // so that a barrier called from it would wait for itself. The runner keeps
 // this itself, so the Python runner marks nothing per run.
