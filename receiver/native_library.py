@@ -14,10 +14,11 @@ side fails, and release the GIL while they wait or copy much.
 from __future__ import annotations
 
 import os
+import threading
 from types import ModuleType
 from typing import Any, Callable, Dict, Optional, Sequence, Tuple
 
-ABI_VERSION = 26
+ABI_VERSION = 27
 
 
 def _load() -> Optional[ModuleType]:
@@ -154,10 +155,29 @@ def configure_idle_check(
   have its attributes `enqueued` and `finished` equal. Forgets the
   barriers that waited."""
   assert native is not None, "the native transport is not built"
-  native.idle_check_configure(tuple(given_up), tuple(lowerings),
-                              tuple(map(tuple, empty)),
-                              tuple(map(tuple, same)),
-                              tuple(map(tuple, drained)))
+  native.idle_check_configure(_from_namespace(given_up),
+                              _from_namespace(lowerings),
+                              tuple(map(_from_namespace, empty)),
+                              tuple(map(_from_namespace, same)),
+                              tuple(map(_from_namespace, drained)))
+
+
+def _from_namespace(watch: Sequence[Any]) -> Tuple[Any, ...]:
+  """`watch` = (object, attribute, ...) as the idle check reads it fastest:
+  (the object's namespace dict, attribute, ...) where the attribute lives
+  there (a dict lookup instead of getattr's walk over the type; the object
+  keeps that dict for life), else unchanged (a thread-local object's
+  attributes differ by thread, a property runs code)."""
+  owner, attribute, *rest = watch
+  if isinstance(owner, threading.local):
+    return tuple(watch)
+  try:
+    namespace = vars(owner)
+  except TypeError:  # no __dict__ (slots, a builtin object)
+    return tuple(watch)
+  if attribute not in namespace:
+    return tuple(watch)
+  return (namespace, attribute, *rest)
 
 
 def idle_check_begin() -> None:

@@ -13,8 +13,9 @@
 // (a pending error, a retired consumer, the runtime tokens a dispatch left),
 // attributes that must be a given object (the hook that counts dispatches)
 // and dicts of queues whose every queue has finished what was enqueued
-// (the Python transport's). The
-// Python side is host_callback/barrier/idle.py.
+// (the Python transport's); an object given as its namespace dict is read
+// there. The Python side is host_callback/barrier/idle.py and
+// receiver/native_library.py:configure_idle_check.
 
 #include "module_support.h"
 
@@ -53,8 +54,19 @@ thread_local Counts pending;
 thread_local Counts waited;
 
 // getattr(watch[0], watch[1]), a new reference; nullptr with an exception.
+// A watch[0] that is a dict is the object's namespace (the Python side
+// passes it where the attribute lives there): a lookup in it is the read.
 PyObject* Attribute(PyObject* watch) {
-  return PyObject_GetAttr(PyTuple_GetItem(watch, 0), PyTuple_GetItem(watch, 1));
+  PyObject* owner = PyTuple_GetItem(watch, 0);
+  PyObject* attribute = PyTuple_GetItem(watch, 1);
+  if (!PyDict_CheckExact(owner)) return PyObject_GetAttr(owner, attribute);
+  PyObject* value = PyDict_GetItemWithError(owner, attribute);  // borrowed
+  if (value == nullptr) {
+    if (!PyErr_Occurred()) PyErr_SetObject(PyExc_AttributeError, attribute);
+    return nullptr;
+  }
+  Py_INCREF(value);
+  return value;
 }
 
 // The int at `pair` = (object, attribute); false with an exception set.

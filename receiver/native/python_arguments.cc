@@ -10,6 +10,7 @@
 
 #include <numpy/arrayobject.h>
 
+#include <algorithm>
 #include <cstring>
 #include <new>
 
@@ -99,13 +100,40 @@ PyObject* GpuBuffer(PyObject* factory, const DirectRequest& request,
   return buffer;
 }
 
-}  // namespace
+// An `as_int` column's argument: the int32 at `data`, as a Python int.
+PyObject* IntArgument(const void* data) {
+  int32_t value;
+  std::memcpy(&value, data, sizeof value);
+  return PyLong_FromLong(value);
+}
+
+// Whether `array`, the argument of `column`, may be refilled for the next
+// run: an int (replaced), or an array that nothing else holds (not even a
+// weak reference) and that is still the copy it was made (its dtype, shape
+// and flags: a host function may set them in place), owning its data.
+bool Refillable(const Column& column, PyObject* array) {
+  if (column.as_int) return true;  // an int, replaced by the next run's
+  if (column.unpack != nullptr || Py_REFCNT(array) != 1 ||
+      !PyArray_CheckExact(array)) {
+    return false;
+  }
+  auto* fields = reinterpret_cast<PyArrayObject_fields*>(array);
+  auto* made = reinterpret_cast<PyArrayObject*>(array);
+  constexpr int kMade = NPY_ARRAY_CARRAY | NPY_ARRAY_OWNDATA;
+  if (PyArray_DESCR(made) != column.descr || fields->weakreflist != nullptr ||
+      PyArray_BASE(made) != nullptr || (PyArray_FLAGS(made) & kMade) != kMade ||
+      PyArray_NDIM(made) != static_cast<int>(column.dims.size())) {
+    return false;
+  }
+  return std::equal(column.dims.begin(), column.dims.end(),
+                    PyArray_DIMS(made));
+}
 
 // The host function's arguments as a tuple (an `as_int` column's as a
 // Python int); `views` gets a reference to each view of a device buffer
 // (copy=False), to check after the run.
-PyObject* Arguments(const Site& site, const DirectRequest& request,
-                    std::vector<PyObject*>* views) {
+PyObject* NewArguments(const Site& site, const DirectRequest& request,
+                       std::vector<PyObject*>* views) {
   const size_t count = site.columns.size();
   PyObject* args = PyTuple_New(static_cast<Py_ssize_t>(count));
   if (args == nullptr) return nullptr;
@@ -134,9 +162,7 @@ PyObject* Arguments(const Site& site, const DirectRequest& request,
     void* data = request.args[i].data;
     PyObject* array;
     if (column.as_int) {
-      int32_t value;
-      std::memcpy(&value, data, sizeof value);
-      array = PyLong_FromLong(value);
+      array = IntArgument(data);
     } else if (column.unpack != nullptr ||
                (site.copy && memory == nullptr)) {
       array = CopiedArray(column, data);
@@ -163,6 +189,45 @@ PyObject* Arguments(const Site& site, const DirectRequest& request,
   }
   Py_XDECREF(memory);  // the arrays hold it
   return args;
+}
+
+}  // namespace
+
+PyObject* TakeArguments(const Site& site, const DirectRequest& request,
+                        std::vector<PyObject*>* views) {
+  PyObject* args = site.spare_arguments;
+  if (args == nullptr) return NewArguments(site, request, views);
+  site.spare_arguments = nullptr;  // a nested run of the site makes its own
+  for (size_t i = 0; i < site.columns.size(); ++i) {
+    const Py_ssize_t item = static_cast<Py_ssize_t>(i);
+    if (site.columns[i].as_int) {
+      PyObject* value = IntArgument(request.args[i].data);
+      if (value == nullptr || PyTuple_SetItem(args, item, value) < 0) {
+        Py_DECREF(args);
+        return nullptr;
+      }
+      continue;
+    }
+    auto* array = reinterpret_cast<PyArrayObject*>(PyTuple_GetItem(args, item));
+    std::memcpy(PyArray_DATA(array), request.args[i].data,
+                site.columns[i].nbytes);
+  }
+  return args;
+}
+
+void ReturnArguments(const Site& site, PyObject* arguments) {
+  bool refillable = site.copy && site.spare_arguments == nullptr &&
+                    Py_REFCNT(arguments) == 1;
+  for (size_t i = 0; refillable && i < site.columns.size(); ++i) {
+    refillable = Refillable(
+        site.columns[i],
+        PyTuple_GetItem(arguments, static_cast<Py_ssize_t>(i)));
+  }
+  if (refillable) {
+    site.spare_arguments = arguments;
+  } else {
+    Py_DECREF(arguments);
+  }
 }
 
 // A copy=False site's call is lent the device's result buffers: a tuple of

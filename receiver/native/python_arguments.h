@@ -3,7 +3,8 @@
 // block, viewed through a Memory), read-only views of the device's buffers
 // for a copy=False site, a site's `as_int` columns as Python ints, the
 // result buffers lent to a copy=False call, and a GPU's buffers made by
-// the runner's `device_buffer` factory. Each view of a device buffer is
+// the runner's `device_buffer` factory; a site's copies are refilled for the
+// next run where nothing kept them. Each view of a device buffer is
 // also put in `views`, for python_results.h:CheckViews after the run.
 
 #ifndef HOST_CALLBACK_RECEIVER_NATIVE_PYTHON_ARGUMENTS_H_
@@ -20,8 +21,17 @@
 namespace hcb::python {
 
 // The host function's arguments as a tuple; null with the exception set.
-PyObject* Arguments(const Site& site, const DirectRequest& request,
-                    std::vector<PyObject*>* views);
+// The tuple that the site's last run returned (ReturnArguments), refilled,
+// where there is one.
+PyObject* TakeArguments(const Site& site, const DirectRequest& request,
+                        std::vector<PyObject*>* views);
+
+// After the run: `arguments` (a reference, taken) become the site's spare,
+// to be refilled by the next run, where nothing else holds them or their
+// arrays and each array is as it was made (copies of a size that is not
+// pooled: no view, nothing unpacked); else they are dropped. So a
+// host function that keeps its array, or a view of it, keeps its own data.
+void ReturnArguments(const Site& site, PyObject* arguments);
 
 // Whether a copy=False site's call is lent the device's result buffers.
 bool LendsOutputs(const Site& site, const DirectRequest& request);

@@ -138,7 +138,7 @@ DirectOutcome RunWithGil(const DirectRequest& request, std::string* error) {
   std::vector<PyObject*> views, output_views, filled;
   const bool lends = gpu || LendsOutputs(*site, request);
   PyObject* args = gpu ? GpuBuffers(device_buffer, *site, request, false, &views)
-                       : Arguments(*site, request, &views);
+                       : TakeArguments(*site, request, &views);
   PyObject* outputs =
       args == nullptr || !lends ? nullptr
       : gpu                     ? GpuBuffers(device_buffer, *site, request, true,
@@ -156,7 +156,11 @@ DirectOutcome RunWithGil(const DirectRequest& request, std::string* error) {
                           ? CallConsumer(*site, request, args)
                           : CallRunner(*site, request, args, outputs);
   --runner_calls_here;
-  Py_DECREF(args);
+  if (gpu) {
+    Py_DECREF(args);
+  } else {
+    ReturnArguments(*site, args);
+  }
   Py_XDECREF(outputs);
   DirectOutcome outcome = DirectOutcome::kDone;
   if (results == nullptr) {

@@ -46,11 +46,15 @@ struct Site {
   bool copy = true;
   bool pack_results = false;
   bool buffers = false;  // on a GPU: runs on the device's buffers
+  // A run's arguments that the next run may refill (python_arguments.h:
+  // TakeArguments): an owned reference or null, guarded by the GIL.
+  mutable PyObject* spare_arguments = nullptr;
 
   Site() = default;
   Site(const Site&) = delete;
   Site& operator=(const Site&) = delete;
   ~Site() {
+    Py_XDECREF(spare_arguments);
     Py_XDECREF(entry);
     Py_XDECREF(name);
     for (Column& column : columns) {
