@@ -116,7 +116,8 @@ class Receiver:
                      taken: Deque[Packet]) -> None:
     runs = self._runs.of(transport.name, device_id)
     while taken:
-      self._runner.run_taken(taken, runs, transport.mark_finished, device_id)
+      self._runner.run_taken(taken, runs, transport.mark_finished,
+                             transport.mark_count_finished, device_id)
       if not taken:
         break
       packet = taken.popleft()  # what run_taken leaves to run_queued

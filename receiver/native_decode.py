@@ -70,7 +70,7 @@ def _drop(device: Any, row: List[int], site: Optional[Site]) -> None:
   _logger.error("%s; it is dropped", reason)
   if request_id:
     NativeReply(request_id).set_error(RuntimeError(reason))
-  device.finish_one()
+  device.finish(1)
 
 
 def _as_site_gives(arrays: List[np.ndarray], site: Site) -> List[Any]:

@@ -204,7 +204,7 @@ def idle_check() -> Callable[[], bool]:
 
 def taken_runner() -> Optional[Callable[..., None]]:
   """`run_taken(taken, popleft, consumers, counts, slots, failed,
-  mark_finished, device_id)`: a receiver thread's taken packets run in C
+  mark_finished, mark_count_finished, device_id)`: a receiver thread's taken packets run in C
   (native/python_consume.cc); None where the native module is not
   built."""
   return None if native is None else native.run_taken

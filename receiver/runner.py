@@ -77,17 +77,19 @@ class HostFunctionRunner:
 
   def run_taken(self, taken: Deque[Packet], runs: QueueRuns,
                 mark_finished: Callable[[int, Packet], None],
+                mark_count_finished: Optional[Callable[[int, int], None]],
                 device_id: int) -> None:
     """Runs packets from the left of `taken`, a receiver thread's, as
     `run_queued` would (no Ctrl-C is raised there), then
-    `mark_finished(device_id, packet)` each; stops at the first that waits
-    for a reply, whose consumer is gone, or once the counts are closed,
-    which `run_queued` runs. Where the native module is not built, runs
-    none."""
+    `mark_finished(device_id, packet)` each, or where given
+    `mark_count_finished(device_id, count)` once for them all; stops at the
+    first that waits for a reply, whose consumer is gone, or once the
+    counts are closed, which `run_queued` runs. Where the native module is
+    not built, runs none."""
     if self._run_taken is not None:
       self._run_taken(taken, taken.popleft, self.registry.consumers,
                       self.runs, runs.slots, self._tap_failed, mark_finished,
-                      device_id)
+                      mark_count_finished, device_id)
 
   def _tap_failed(self, error: BaseException) -> None:
     """What `run_queued` does when a receiver thread's tap raised."""

@@ -124,6 +124,11 @@ class Transport(Producer, Protocol):
   def mark_finished(self, device_id: int, packet: Packet) -> None:
     """Releases the packet's bytes once its consumer has returned."""
 
+  # Where not None, `mark_count_finished(device_id, count)` does what
+  # `mark_finished` of the device's next `count` packets would: a transport
+  # that needs no packet for it.
+  mark_count_finished: Optional[Callable[[int, int], None]]
+
   def release(self, device_id: int) -> None:
     """Releases now what `mark_finished` may have deferred."""
 

@@ -103,19 +103,23 @@ class _Device:
     self._buffer_bytes = min(BATCH_BYTES, max(MIN_BUFFER_BYTES, 2 * copied))
     return buffer.lend(), index
 
-  def finish_one(self) -> None:
-    """Marks one packet of the last batch not yet finished as finished.
+  def finish(self, count: int) -> None:
+    """Marks `count` packets of the last batches not yet finished as
+    finished.
 
     Packets finish in the order they were taken, except that a batch taken
     by a nested consumer (`set_nested_consumer`) finishes inside the batch
     before it: the last unfinished batch is always the one being consumed.
     """
-    batch = self.batches[-1]
-    batch[0] -= 1
-    if not batch[0]:
-      self.batches.pop()
-      self.finished += batch[1]
-      self.finished_bytes += batch[2]
+    while count:
+      batch = self.batches[-1]
+      finishing = min(count, batch[0])
+      batch[0] -= finishing
+      count -= finishing
+      if not batch[0]:
+        self.batches.pop()
+        self.finished += batch[1]
+        self.finished_bytes += batch[2]
 
   def release(self) -> None:
     """Releases the finished packets now (their consumer thread ends)."""
@@ -148,7 +152,7 @@ class _DroppedByGuest:
   def __init__(self, device_id: int) -> None:
     self.device_id = device_id
 
-  def finish_one(self) -> None:
+  def finish(self, count: int) -> None:
     pass
 
 
@@ -255,7 +259,10 @@ class NativeTransport:
   def mark_finished(self, device_id: int, packet: Packet) -> None:
     # The bytes are released by the next take_batch, which the consumer
     # thread calls as soon as it has finished its batch, or by release.
-    self._devices[device_id].finish_one()
+    self._devices[device_id].finish(1)
+
+  def mark_count_finished(self, device_id: int, count: int) -> None:
+    self._devices[device_id].finish(count)
 
   def release(self, device_id: int) -> None:
     self._devices[device_id].release()

@@ -48,6 +48,7 @@ class PythonTransport:
   """
 
   name = "python"
+  mark_count_finished = None  # a packet's bytes count in its queue's bound
 
   def __init__(self) -> None:
     self._lock = threading.Lock()

@@ -3,7 +3,8 @@
 // them, without its Python frames: each consumer's run counted in the
 // queue's slots (python_runner.h:RunSlot, as QueueRuns.begin and end), its
 // error handed to `failed`, and `mark_finished(device_id, packet)` after
-// each. It stops at the first packet it does not run that way: one that
+// each, or `mark_count_finished(device_id, count)` once for those it ran
+// where that is not None. It stops at the first packet it does not run that way: one that
 // waits for a reply (a call's), whose consumer is gone, or once the counts
 // are closed (the process ends); Python's run_queued runs that one.
 
@@ -52,8 +53,28 @@ PyObject* PlainConsumer(PyObject* packet, PyObject* consumers,
   return consumer;
 }
 
-// Runs one packet, already taken off `taken`; false with an exception set
-// when `failed` or `mark_finished` raised.
+// `mark(device_id, what)` after a run; false with an exception set when
+// the run failed (`ran` false: its exception is kept) or `mark` raised.
+bool MarkFinished(bool ran, PyObject* mark, PyObject* device_id,
+                  PyObject* what) {
+  PyObject *error_type = nullptr, *error_value = nullptr, *traceback = nullptr;
+  if (!ran) PyErr_Fetch(&error_type, &error_value, &traceback);
+  PyObject* finished =
+      PyObject_CallFunctionObjArgs(mark, device_id, what, nullptr);
+  if (!ran) {
+    Py_XDECREF(finished);
+    if (finished == nullptr) PyErr_Clear();
+    PyErr_Restore(error_type, error_value, traceback);
+    return false;
+  }
+  if (finished == nullptr) return false;
+  Py_DECREF(finished);
+  return true;
+}
+
+// Runs one packet, already taken off `taken`, and marks it finished unless
+// `mark_finished` is null (the caller counts it); false with an exception
+// set when `failed` or `mark_finished` raised.
 bool RunOne(PyObject* packet, PyObject* consumer, int64_t* slots,
             PyObject* device_id, PyObject* failed, PyObject* mark_finished) {
   PyObject* arrays = PyObject_GetAttr(packet, kArrays);
@@ -72,37 +93,28 @@ bool RunOne(PyObject* packet, PyObject* consumer, int64_t* slots,
   } else {
     Py_DECREF(result);
   }
-  PyObject* error_type = nullptr, *error_value = nullptr, *traceback = nullptr;
-  if (!ok) PyErr_Fetch(&error_type, &error_value, &traceback);
-  PyObject* finished = PyObject_CallFunctionObjArgs(mark_finished, device_id,
-                                                    packet, nullptr);
-  if (!ok) {
-    Py_XDECREF(finished);
-    if (finished == nullptr) PyErr_Clear();
-    PyErr_Restore(error_type, error_value, traceback);
-    return false;
-  }
-  if (finished == nullptr) return false;
-  Py_DECREF(finished);
-  return true;
+  if (mark_finished == nullptr) return ok;
+  return MarkFinished(ok, mark_finished, device_id, packet);
 }
 
 // run_taken(taken, popleft, consumers, counts, slots, failed, mark_finished,
-// device_id): see the top. `taken` is the deque, `popleft` its method,
+// mark_count_finished, device_id): see the top. `taken` is the deque, `popleft` its method,
 // `consumers` the registry's table, `counts` the RunCounts (its `closed`),
 // `slots` the queue's QueueRuns.slots.
 PyObject* RunTaken(PyObject* /*module*/, PyObject* args) {
   PyObject *taken, *popleft, *consumers, *counts, *slots_object, *failed,
-      *mark_finished, *device_id;
-  if (!PyArg_ParseTuple(args, "OOO!OOOOO:run_taken", &taken, &popleft,
+      *mark_finished, *mark_count, *device_id;
+  if (!PyArg_ParseTuple(args, "OOO!OOOOOO:run_taken", &taken, &popleft,
                         &PyDict_Type, &consumers, &counts, &slots_object,
-                        &failed, &mark_finished, &device_id) ||
+                        &failed, &mark_finished, &mark_count, &device_id) ||
       !InternNames()) {
     return nullptr;
   }
   Py_buffer view;
   if (!ViewRunSlots(slots_object, &view)) return nullptr;
   auto* slots = static_cast<int64_t*>(view.buf);
+  const bool counting = mark_count != Py_None;
+  long long ran = 0;  // counting: the packets run and not marked yet
   bool ok = true;
   while (ok && PyObject_Length(taken) > 0) {
     PyObject* packet = PySequence_GetItem(taken, 0);
@@ -119,9 +131,16 @@ PyObject* RunTaken(PyObject* /*module*/, PyObject* args) {
     PyObject* popped = PyObject_CallObject(popleft, nullptr);  // `packet`
     Py_XDECREF(popped);
     ok = popped != nullptr &&
-         RunOne(packet, consumer, slots, device_id, failed, mark_finished);
+         RunOne(packet, consumer, slots, device_id, failed,
+                counting ? nullptr : mark_finished);
+    if (popped != nullptr) ran += counting;
     Py_DECREF(consumer);
     Py_DECREF(packet);  // a large packet's memory returns to its pool now
+  }
+  if (ran > 0) {
+    PyObject* count = PyLong_FromLongLong(ran);
+    ok = count != nullptr && MarkFinished(ok, mark_count, device_id, count);
+    Py_XDECREF(count);
   }
   PyBuffer_Release(&view);
   if (!ok) return nullptr;
