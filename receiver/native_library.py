@@ -202,6 +202,23 @@ def idle_check() -> Callable[[], bool]:
   return native.idle_now
 
 
+def idle_check_forget() -> None:
+  """No barrier is idle until one waits after the next
+  `configure_idle_check`."""
+  assert native is not None, "the native transport is not built"
+  native.idle_check_forget()
+
+
+def idle_barrier(wait: Callable[[Optional[str]], None],
+                 logs: Callable[[], bool], doc: str,
+                 module: str) -> Callable[..., None]:
+  """`barrier_wait(logging_name=None)` in C: returns at once where the
+  idle check holds and `logs()` is false, else calls `wait(logging_name)`;
+  its docstring `doc` (after a line with its signature), from `module`."""
+  assert native is not None, "the native transport is not built"
+  return native.idle_barrier(wait, logs, doc, module)
+
+
 def taken_runner() -> Optional[Callable[..., None]]:
   """`run_taken(taken, popleft, consumers, counts, slots, failed,
   mark_finished, mark_count_finished, device_id)`: a receiver thread's taken packets run in C

@@ -8,7 +8,7 @@ consumer sides.
 from __future__ import annotations
 
 import dataclasses
-from typing import Any, Callable, List, Protocol, Sequence, Tuple
+from typing import Any, Callable, List, Optional, Protocol, Sequence, Tuple
 
 import numpy as np
 

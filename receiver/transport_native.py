@@ -29,8 +29,9 @@ from .native_library import native
 from .native_library import (
     BEGIN_TARGET, CALL_TARGET, END_TARGET, OUTFEED_TARGET, TAP_SYNC_TARGET,
     available, configure_idle_check, cuda_ffi_handlers, dispatch_hook,
-    execution_failed, executions, ffi_handlers, idle_check, idle_check_begin,
-    idle_check_waited, load_cuda_runtime, reset_executions_low_water)
+    execution_failed, executions, ffi_handlers, idle_barrier, idle_check,
+    idle_check_begin, idle_check_forget, idle_check_waited, load_cuda_runtime,
+    reset_executions_low_water)
 from .native_memory import BatchBuffer
 from .packets import POLL_SECONDS, DirectRunParts, Packet
 from .transport import QueueStats
@@ -39,7 +40,8 @@ __all__ = [
     "NativeTransport", "BEGIN_TARGET", "CALL_TARGET", "END_TARGET",
     "OUTFEED_TARGET", "TAP_SYNC_TARGET", "available", "configure_idle_check",
     "cuda_ffi_handlers", "dispatch_hook", "execution_failed", "executions",
-    "ffi_handlers", "idle_check", "idle_check_begin", "idle_check_waited",
+    "ffi_handlers", "idle_barrier", "idle_check", "idle_check_begin",
+    "idle_check_forget", "idle_check_waited",
     "load_cuda_runtime", "reset_executions_low_water",
 ]
 

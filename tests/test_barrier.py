@@ -3,6 +3,7 @@ skips, and the cases a barrier that reads counters could miss (computations
 whose inputs were not ready, over one or several devices, with their outputs
 dropped; a long computation between two callbacks)."""
 
+import inspect
 import logging
 import threading
 import time
@@ -489,3 +490,22 @@ def test_jax_debug_nans_still_checks_after_a_barrier():
       nan(jnp.float32(0.0))
   finally:
     jax.config.update("jax_debug_nans", False)
+
+
+def test_the_barrier_takes_what_the_original_took():
+  """`barrier_wait(logging_name=None)`, idle or not: its name, signature
+  and docstring, a name given by position or keyword, and a TypeError
+  naming it for anything else."""
+  assert hcb.barrier_wait.__name__ == "barrier_wait"
+  assert str(inspect.signature(hcb.barrier_wait)) == "(logging_name=None)"
+  assert hcb.barrier_wait.__doc__.startswith(
+      "Blocks until every callback from computations already started")
+  _idle_after_a_tap()
+  hcb.barrier_wait("by position")
+  hcb.barrier_wait(logging_name="by keyword")
+  with pytest.raises(TypeError, match=r"barrier_wait\(\) got an unexpected "
+                     r"keyword argument 'name'"):
+    hcb.barrier_wait(name="x")
+  with pytest.raises(TypeError, match=r"barrier_wait\(\) takes from 0 to 1 "
+                     r"positional arguments but 2 were given"):
+    hcb.barrier_wait("a", "b")

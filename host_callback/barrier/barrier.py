@@ -406,6 +406,12 @@ def barrier_wait(logging_name: Optional[str] = None) -> None:
   host_side.raise_recorded_error()
 
 
+# The barrier as users call it: an idle one returns from C, with no Python
+# frame (`idle.with_idle_check`); any other runs the function above.
+barrier_wait = idle.with_idle_check(
+    barrier_wait, functools.partial(logger.isEnabledFor, logging.DEBUG))
+
+
 def stop_outfeed_receiver() -> None:
   """See `host_callback.stop_outfeed_receiver`."""
   _check_not_in_consumer("stop_outfeed_receiver")

@@ -27,7 +27,8 @@ bars still open) and the other transports' queues.
 
 from __future__ import annotations
 
-from typing import Any, Callable, Sequence, Tuple
+import inspect
+from typing import Any, Callable, Optional, Sequence, Tuple
 
 from .. import _jax_adapter as adapter
 from ..host import host_side
@@ -41,9 +42,23 @@ def _never() -> bool:
 
 
 # now(): whether a barrier on this thread would find nothing to wait for,
-# release or raise (see the module's docstring). The native check, with no
-# Python frame between, once the first barrier that waits configured it.
-now: Callable[[], bool] = _never
+# release or raise (see the module's docstring): the native check, false
+# until a barrier waited after it was configured.
+now: Callable[[], bool] = (transport_native.idle_check()
+                           if transport_native.available() else _never)
+_configured = False
+
+
+def with_idle_check(wait: Callable[[Optional[str]], None],
+                    logs: Callable[[], bool]) -> Callable[..., None]:
+  """`wait`, the barrier, as a native function that returns at once, with
+  no Python frame, where `now()` holds and `logs()` is false (it would log
+  the barrier); `wait` itself where the native module is not built."""
+  if not transport_native.available():
+    return wait
+  return transport_native.idle_barrier(
+      wait, logs, f"{wait.__name__}(logging_name=None)\n--\n\n"
+      f"{inspect.getdoc(wait)}", wait.__module__)
 
 
 def begin(in_flight: Any, listeners_idle_when_empty: Sequence[Tuple[Any, str]]
@@ -52,24 +67,26 @@ def begin(in_flight: Any, listeners_idle_when_empty: Sequence[Tuple[Any, str]]
   the counts the barrier begins with, unless no idle check can follow it.
   `in_flight`: the barriers' `_InFlight`; `listeners_idle_when_empty`: what
   is empty while the barrier's listeners have nothing to do."""
-  global now
+  global _configured
   if not transport_native.available():
     return
   hook = transport_native.dispatch_hook()
   adapter.hook_dispatches(hook)
   if not adapter.dispatches_hooked(hook):
     return
-  if now is _never:
+  if not _configured:
     _configure(in_flight, hook, listeners_idle_when_empty)
-    now = transport_native.idle_check()
+    _configured = True
   transport_native.idle_check_begin()
 
 
 def reconfigure() -> None:
   """What the check watches changed: the next barrier that waits
   configures it anew (and no barrier is idle before)."""
-  global now
-  now = _never
+  global _configured
+  _configured = False
+  if transport_native.available():
+    transport_native.idle_check_forget()
 
 
 def _configure(in_flight: Any, hook: Callable[..., None],

@@ -401,9 +401,11 @@ void DeviceQueue::WakeConsumerToStop() {
   not_empty_.notify_all();
 }
 
-bool DeviceQueue::Drained() {
-  std::lock_guard<std::mutex> lock(mu_);
-  return enqueued_ == finished_;
+bool DeviceQueue::Drained() const {
+  // Both only grow, and finished never passes enqueued: equal counts read
+  // in this order were equal when `finished` was read.
+  const int64_t finished = finished_.Read();
+  return enqueued_.Read() == finished;
 }
 
 }  // namespace hcb

@@ -35,6 +35,26 @@
 
 namespace hcb {
 
+// A count that only the holder of its queue's lock changes, and that may
+// also be read without the lock (DeviceQueue::Drained): no atomic
+// read-modify-write on the device's path.
+class LockedCount {
+ public:
+  LockedCount& operator+=(int64_t n) {
+    value_.store(value_.load(std::memory_order_relaxed) + n,
+                 std::memory_order_release);
+    return *this;
+  }
+  LockedCount& operator++() { return *this += 1; }
+  // Under the lock.
+  operator int64_t() const { return value_.load(std::memory_order_relaxed); }
+  // Without the lock.
+  int64_t Read() const { return value_.load(std::memory_order_acquire); }
+
+ private:
+  std::atomic<int64_t> value_{0};
+};
+
 // A buffer where one device writes packets back to back; or, for one large
 // packet, a wrapper of its Block.
 struct Chunk {
@@ -122,8 +142,8 @@ class DeviceQueue {
   void WakeWaiters();
   // Wakes the consumer waiting in Take, so that it re-checks its stop flag.
   void WakeConsumerToStop();
-  // Whether every packet pushed so far is finished.
-  bool Drained();
+  // Whether every packet pushed so far is finished; without the lock.
+  bool Drained() const;
 
   // Claims (device_queue_claims.cc): the protocol, its states and its
   // names, shared with the Python queue, are written down in "The queue
@@ -325,8 +345,8 @@ class DeviceQueue {
   int64_t bytes_ = 0;                  // pushed and not yet released
   int64_t reserved_ = 0;               // Reserve'd packets not yet landed
   int64_t high_water_ = 0;
-  int64_t enqueued_ = 0;               // packets ever pushed
-  int64_t finished_ = 0;               // packets released (consumed)
+  LockedCount enqueued_;               // packets ever pushed
+  LockedCount finished_;               // packets released (consumed)
   // Mirrors `enqueued_` for a consumer that polls without `mu_`; on its own
   // cache line, so that polling does not slow the device's writes.
   alignas(64) std::atomic<int64_t> pushed_{0};

@@ -20,6 +20,7 @@
 #include "module_support.h"
 
 #include <cstdint>
+#include <string>
 
 #include "dispatches.h"
 #include "executions.h"
@@ -183,29 +184,121 @@ PyObject* Waited(PyObject*, PyObject* covered) {
   Py_RETURN_NONE;
 }
 
-// idle_now() -> whether a barrier on this thread is idle (see the top).
-PyObject* IdleNow(PyObject*, PyObject*) {
+// Whether a barrier on this thread is idle (see the top): 1 or 0, -1 with
+// an exception set.
+int Idle() {
   const Counts& last = waited;
   if (last.generation != watches.generation || RunsHostFunctionHere()) {
-    Py_RETURN_FALSE;
+    return 0;
   }
   int64_t lowerings, given_up;
-  if (!ReadInt(watches.lowerings, &lowerings)) return nullptr;
+  if (!ReadInt(watches.lowerings, &lowerings)) return -1;
   const Dispatches& dispatches = Dispatches::Get();
   if (lowerings != last.lowerings ||
       dispatches.OnThisThread() != last.on_this_thread ||
       (lowerings != 0 && dispatches.All() != last.on_all)) {
-    Py_RETURN_FALSE;
+    return 0;
   }
-  if (!ReadInt(watches.given_up, &given_up)) return nullptr;
-  if (Executions::Get().InFlight() > given_up) Py_RETURN_FALSE;
+  if (!ReadInt(watches.given_up, &given_up)) return -1;
+  if (Executions::Get().InFlight() > given_up) return 0;
   PyObject* drained =
       CatchToPython([] { return PyBool_FromLong(hub().Drained()); });
-  if (drained != Py_True) return drained;
+  if (drained == nullptr) return -1;
   Py_DECREF(drained);
-  const int hold = WatchesHold();
-  if (hold < 0) return nullptr;
-  return PyBool_FromLong(hold);
+  if (drained != Py_True) return 0;
+  return WatchesHold();
+}
+
+// idle_now() -> whether a barrier on this thread is idle (see the top).
+PyObject* IdleNow(PyObject*, PyObject*) {
+  const int idle = Idle();
+  return idle < 0 ? nullptr : PyBool_FromLong(idle);
+}
+
+// idle_check_forget(): no barrier is idle until one waits after the next
+// idle_check_configure.
+PyObject* Forget(PyObject*, PyObject*) {
+  ++watches.generation;
+  Py_RETURN_NONE;
+}
+
+// The barrier that idle_barrier made: its Python barrier and the check of
+// whether it logs; strong references, kept for the module's life.
+struct Barrier {
+  PyObject* wait = nullptr;
+  PyObject* logs = nullptr;
+  PyObject* logging_name = nullptr;  // the keyword, interned
+  std::string doc;                   // its PyMethodDef's, kept as long
+};
+Barrier barrier;
+
+// `barrier_wait(logging_name=None)`: None at once where the barrier is idle
+// and `logs()` is false; else what `wait(logging_name)` returns. Arguments
+// it does not take go to `wait`, which rejects them.
+PyObject* BarrierWait(PyObject*, PyObject* const* args, Py_ssize_t nargs,
+                      PyObject* kwnames) {
+  const Py_ssize_t keywords = kwnames == nullptr ? 0 : PyTuple_Size(kwnames);
+  const bool takes = nargs + keywords <= 1 &&
+                     (keywords == 0 || PyUnicode_Compare(PyTuple_GetItem(
+                                           kwnames, 0),
+                                       barrier.logging_name) == 0);
+  if (takes) {
+    const int idle = Idle();
+    if (idle < 0) return nullptr;
+    if (idle == 1) {
+      PyObject* logs = PyObject_CallNoArgs(barrier.logs);
+      if (logs == nullptr) return nullptr;
+      const int truth = PyObject_IsTrue(logs);
+      Py_DECREF(logs);
+      if (truth < 0) return nullptr;
+      if (truth == 0) Py_RETURN_NONE;
+    }
+  }
+  // The barrier waits: a tuple and a dict cost nothing beside it (and the
+  // stable ABI of Python 3.11 has no PyObject_Vectorcall).
+  PyObject* positional = PyTuple_New(nargs);
+  PyObject* named = keywords > 0 ? PyDict_New() : nullptr;
+  bool ok = positional != nullptr && (keywords == 0 || named != nullptr);
+  for (Py_ssize_t i = 0; ok && i < nargs; ++i) {
+    Py_INCREF(args[i]);
+    ok = PyTuple_SetItem(positional, i, args[i]) == 0;
+  }
+  for (Py_ssize_t i = 0; ok && i < keywords; ++i) {
+    ok = PyDict_SetItem(named, PyTuple_GetItem(kwnames, i),
+                        args[nargs + i]) == 0;
+  }
+  PyObject* result =
+      ok ? PyObject_Call(barrier.wait, positional, named) : nullptr;
+  Py_XDECREF(positional);
+  Py_XDECREF(named);
+  return result;
+}
+
+PyMethodDef barrier_def = {"barrier_wait",
+                           reinterpret_cast<PyCFunction>(
+                               reinterpret_cast<void (*)()>(BarrierWait)),
+                           METH_FASTCALL | METH_KEYWORDS, nullptr};
+
+// idle_barrier(wait, logs, doc, module) -> `barrier_wait` (BarrierWait),
+// whose __doc__ is `doc` and __module__ `module`. Once per process: later
+// calls return a new function over the same barrier.
+PyObject* IdleBarrier(PyObject*, PyObject* args) {
+  PyObject *wait, *logs, *module;
+  const char* doc;
+  if (!PyArg_ParseTuple(args, "OOsU", &wait, &logs, &doc, &module)) {
+    return nullptr;
+  }
+  if (barrier.wait == nullptr) {
+    barrier.logging_name = PyUnicode_InternFromString("logging_name");
+    if (barrier.logging_name == nullptr) return nullptr;
+    Py_INCREF(wait);
+    Py_INCREF(logs);
+    barrier.wait = wait;
+    barrier.logs = logs;
+    barrier.doc = doc;
+    barrier_def.ml_doc = barrier.doc.c_str();
+  }
+  return PyCFunction_NewEx(&barrier_def, nullptr, module);
 }
 
 }  // namespace
@@ -215,6 +308,8 @@ PyMethodDef kIdleCheckMethods[] = {
     {"idle_check_begin", Begin, METH_NOARGS, nullptr},
     {"idle_check_waited", Waited, METH_O, nullptr},
     {"idle_now", IdleNow, METH_NOARGS, nullptr},
+    {"idle_check_forget", Forget, METH_NOARGS, nullptr},
+    {"idle_barrier", IdleBarrier, METH_VARARGS, nullptr},
     {nullptr, nullptr, 0, nullptr},
 };
 
