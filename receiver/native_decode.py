@@ -124,6 +124,12 @@ def decode(data: np.ndarray, rows: List[List[int]], device: Any
           site.consumer_id, device_id, _as_site_gives(arrays, site),
           NativeReply(request_id) if request_id else None))
       continue
+    if not request_id:  # taps: made in C, as below
+      made = native.tap_packets(Packet, site.consumer_id, device_id, site_id,
+                                data, offset, run, site.read_only)
+      if made is not None:
+        packets.extend(made)
+        continue
     columns = []
     for column, as_int in zip(site.columns, site.ints):
       if column.packed_bits is not None:

@@ -18,7 +18,7 @@ import threading
 from types import ModuleType
 from typing import Any, Callable, Dict, Optional, Sequence, Tuple
 
-ABI_VERSION = 27
+ABI_VERSION = 28
 
 
 def _load() -> Optional[ModuleType]:

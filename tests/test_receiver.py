@@ -69,6 +69,40 @@ def test_a_batch_of_taps_with_failures_and_calls_runs_in_order():
   assert seen == expected
 
 
+@in_outfeed_mode
+@pytest.mark.parametrize("copy", [True, False])
+def test_a_batch_of_taps_of_one_site_each_gets_its_own_values(copy):
+  """A batch's run of tap packets of one site, decoded at once: each host
+  function gets its own packet's arrays (shapes and dtypes as tapped, an
+  int32 step as a Python int where the site says so), read-only for
+  copy=False, and a kept array keeps its values."""
+  from host_callback import loops
+  seen = []
+
+  def tap(args, transforms):
+    del transforms
+    vector, scalar, small = args
+    seen.append((vector.shape, vector.dtype.name, vector.tolist(),
+                 float(scalar), int(small), vector.flags.writeable))
+
+  def body(carry, i):
+    hcb.id_tap(tap, (jnp.stack([i, -i, i * 2]), i * 0.5,
+                     i.astype(jnp.int16)), copy=copy)
+    return carry, None
+
+  jax.jit(lambda: jax.lax.scan(body, 0, jnp.arange(300)))()
+  events = []
+  watched = loops.verbose(
+      lambda x: jax.lax.scan(lambda c, _: (c + 1, None), x, None,
+                             length=300)[0], on_step=events.append)
+  jax.jit(watched)(jnp.int32(0))
+  hcb.barrier_wait()
+  assert seen == [((3,), "int32", [i, -i, 2 * i], i * 0.5, i, copy)
+                  for i in range(300)]
+  assert [(e.step, type(e.step), e.value[0].item()) for e in events] == [
+      (i, int, i + 1) for i in range(300)]
+
+
 # --- barrier_wait ------------------------------------------------------------
 
 

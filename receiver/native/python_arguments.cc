@@ -193,6 +193,29 @@ PyObject* NewArguments(const Site& site, const DirectRequest& request,
 
 }  // namespace
 
+PyObject* PacketArguments(const Site& site, uint8_t* packet, bool read_only,
+                          PyObject* base) {
+  const size_t count = site.columns.size();
+  PyObject* args = PyTuple_New(static_cast<Py_ssize_t>(count));
+  int64_t offset = kHeaderBytes;
+  for (size_t i = 0; args != nullptr && i < count; ++i) {
+    const Column& column = site.columns[i];
+    PyObject* array =
+        column.as_int
+            ? IntArgument(packet + offset)
+            : NewArray(column, packet + offset,
+                       read_only ? NPY_ARRAY_CARRAY_RO : NPY_ARRAY_CARRAY,
+                       base);
+    if (array == nullptr) {
+      Py_CLEAR(args);
+    } else {
+      PyTuple_SetItem(args, static_cast<Py_ssize_t>(i), array);
+    }
+    offset += AlignUp(column.nbytes);
+  }
+  return args;
+}
+
 PyObject* TakeArguments(const Site& site, const DirectRequest& request,
                         std::vector<PyObject*>* views) {
   PyObject* args = site.spare_arguments;

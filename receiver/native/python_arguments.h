@@ -20,6 +20,13 @@
 
 namespace hcb::python {
 
+// The arguments of the packet at `packet` (its header first), written to
+// `site` with no column packed below a byte: a tuple of views of its
+// bytes, read-only where `read_only`, that hold `base` (which owns them),
+// and an `as_int` column's Python int; null with the exception set.
+PyObject* PacketArguments(const Site& site, uint8_t* packet, bool read_only,
+                          PyObject* base);
+
 // The host function's arguments as a tuple; null with the exception set.
 // The tuple that the site's last run returned (ReturnArguments), refilled,
 // where there is one.

@@ -8,10 +8,21 @@
 // waits for a reply (a call's), whose consumer is gone, or once the counts
 // are closed (the process ends); Python's run_queued runs that one.
 
+// And tap_packets: a run of a batch's tap packets of one site, decoded
+// into Packets (receiver/native_decode.py:decode's common case), as
+// decode would make them: a tuple of views of each packet's bytes.
+
 #include "module_support.h"
 
+#include <cstdint>
+#include <memory>
+
+#include "packet.h"
+#include "python_arguments.h"
+#include "python_instances.h"
 #include "python_limited.h"
 #include "python_runner.h"
+#include "python_sites.h"
 
 namespace hcb::python {
 namespace {
@@ -147,10 +158,63 @@ PyObject* RunTaken(PyObject* /*module*/, PyObject* args) {
   Py_RETURN_NONE;
 }
 
+// tap_packets(packet_type, consumer_id, device_id, site_id, data, offset,
+// count, read_only) -> a list of `count` Packets (consumer_id, device_id,
+// arrays, None) of the tap packets of site `site_id` that lie one after
+// the other from `offset` in the bytes of `data` (a batch's buffer, which
+// the arrays hold); None where the site is unknown here or has a column
+// packed below a byte (decode makes those).
+PyObject* TapPackets(PyObject* /*module*/, PyObject* args) {
+  PyObject *type, *consumer_id, *device_id, *data;
+  long long site_id, offset, count;
+  int read_only;
+  if (!PyArg_ParseTuple(args, "O!OOLOLLp:tap_packets", &PyType_Type, &type,
+                        &consumer_id, &device_id, &site_id, &data, &offset,
+                        &count, &read_only)) {
+    return nullptr;
+  }
+  std::shared_ptr<const Site> site = FindSite(site_id);
+  bool plain = site != nullptr;
+  int64_t stride = kHeaderBytes;
+  for (size_t i = 0; plain && i < site->columns.size(); ++i) {
+    plain = site->columns[i].unpack == nullptr;
+    stride += AlignUp(site->columns[i].nbytes);
+  }
+  if (!plain) Py_RETURN_NONE;
+  Py_buffer view;
+  if (PyObject_GetBuffer(data, &view, PyBUF_SIMPLE) < 0) return nullptr;
+  if (offset < 0 || count < 0 || offset + count * stride > view.len) {
+    PyBuffer_Release(&view);
+    PyErr_SetString(PyExc_ValueError, "tap_packets: past the batch's bytes");
+    return nullptr;
+  }
+  auto* bytes = static_cast<uint8_t*>(view.buf) + offset;
+  PyObject* packets = PyList_New(static_cast<Py_ssize_t>(count));
+  for (long long i = 0; packets != nullptr && i < count; ++i) {
+    PyObject* arrays =
+        PacketArguments(*site, bytes + i * stride, read_only != 0, data);
+    PyObject* const values[] = {consumer_id, device_id, arrays, Py_None};
+    PyObject* packet =
+        arrays == nullptr
+            ? nullptr
+            : NewSlotsInstance(reinterpret_cast<PyTypeObject*>(type), values,
+                               4);
+    Py_XDECREF(arrays);
+    if (packet == nullptr) {
+      Py_CLEAR(packets);
+    } else {
+      PyList_SetItem(packets, static_cast<Py_ssize_t>(i), packet);
+    }
+  }
+  PyBuffer_Release(&view);
+  return packets;
+}
+
 }  // namespace
 
 PyMethodDef kConsumeMethods[] = {
     {"run_taken", RunTaken, METH_VARARGS, nullptr},
+    {"tap_packets", TapPackets, METH_VARARGS, nullptr},
     {nullptr, nullptr, 0, nullptr},
 };
 

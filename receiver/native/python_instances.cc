@@ -25,6 +25,7 @@
 #include <deque>
 #include <vector>
 
+#include "python_instances.h"
 #include "python_limited.h"
 
 namespace hcb::python {
@@ -110,18 +111,27 @@ PyObject* Make(const SlotsClass& slots, PyObject* const* values) {
   return instance;
 }
 
+}  // namespace
+
+PyObject* NewSlotsInstance(PyTypeObject* type, PyObject* const* values,
+                           size_t count) {
+  const SlotsClass* slots = Find(type);
+  if (slots == nullptr || !TakesValues(*slots, count, "new_instance")) {
+    return nullptr;
+  }
+  return Make(*slots, values);
+}
+
+namespace {
+
 PyObject* NewInstance(PyObject* /*module*/, PyObject* const* args,
                       Py_ssize_t nargs) {
   if (nargs < 1 || !PyType_Check(args[0])) {
     PyErr_SetString(PyExc_TypeError, "new_instance(cls, *values)");
     return nullptr;
   }
-  const SlotsClass* slots = Find(reinterpret_cast<PyTypeObject*>(args[0]));
-  if (slots == nullptr ||
-      !TakesValues(*slots, static_cast<size_t>(nargs - 1), "new_instance")) {
-    return nullptr;
-  }
-  return Make(*slots, args + 1);
+  return NewSlotsInstance(reinterpret_cast<PyTypeObject*>(args[0]), args + 1,
+                          static_cast<size_t>(nargs - 1));
 }
 
 // --- instance_feed -----------------------------------------------------------

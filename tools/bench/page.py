@@ -126,7 +126,10 @@ TOPICS: List[Topic] = [
                              "scan-tap-sync", "scan-floor-dispatch",
                              "scan-floor-python", "scan-tap-f32x1000"),
           "\"until ready\": until the scan's output is ready; \"until "
-          "drained\": until every tap function ran. The floors are what no "
+          "drained\": until every tap function ran. Every column's tap "
+          "function is the same one, which does nothing (JAX's callbacks "
+          "call it with the value, host_callback's with the value and the "
+          "transforms). The floors are what no "
           "tap in a scan step can go below, measured in the same process: "
           "a custom call that does nothing (XLA's dispatch) and one that "
           "takes the GIL and calls a Python function that does nothing "

@@ -21,8 +21,12 @@ from host_callback import loops
 from host_callback.tqdm import scan_tqdm
 
 
-def noop(*args, **kwargs) -> None:
-  return None
+def noop(arg: Any = None, transforms: Any = None) -> None:
+  """The host function of the tap rows, which does nothing: JAX's callbacks
+  call it with the value, host_callback's taps with the value and the
+  transforms; no `*args` or `**kwargs`, whose tuple and dict would cost
+  each call allocations that no column needs."""
+  del arg, transforms
 
 
 def _on_step(event: Any) -> None:
@@ -36,7 +40,9 @@ def sleep_1ms(*args, **kwargs) -> None:
 
 
 def tap_hcb(func: Callable, copy: bool = True) -> Callable:
-  return lambda x: hcb.id_tap(lambda arg, transforms: func(arg), x, copy=copy)
+  """A tap of `func`, a function of (arg, transforms), as JAX's callbacks
+  call the same function with the value alone."""
+  return lambda x: hcb.id_tap(func, x, copy=copy)
 
 
 def _tap_debug(func: Callable) -> Callable:
@@ -59,8 +65,7 @@ def first(tap: Callable) -> Callable:
 
 
 def tap_hcb_partitioned(func: Callable) -> Callable:
-  return lambda x: hcb.id_tap(lambda arg, transforms: func(arg), x,
-                              partitioned=True)
+  return lambda x: hcb.id_tap(func, x, partitioned=True)
 
 
 def tap_debug_partitioned(func: Callable) -> Callable:
