@@ -84,13 +84,32 @@ def _as_site_gives(arrays: List[np.ndarray], site: Site) -> List[Any]:
   return [int(a) if as_int else a for a, as_int in zip(arrays, site.ints)]
 
 
-def decode(data: np.ndarray, rows: List[List[int]], device: Any
+def _taps_of_one_site(data: np.ndarray, index: np.ndarray, device: Any
+                      ) -> Optional[List[Packet]]:
+  """The packets of a batch of more than one tap packet, all of one known
+  site and small (no block: one after the other in `data`), made in C
+  with no list of rows; None for any other batch."""
+  if len(index) < 2:
+    return None
+  site_id = int(index[0, 1])
+  site = sites.get(site_id)
+  if (site is None or index[:, 2].any() or index[:, 4].any() or
+      not (index[:, 1] == site_id).all() or
+      not (index[:, 3] == site.packet_bytes).all()):
+    return None
+  return native.tap_packets(Packet, site.consumer_id, device.device_id,
+                            site_id, data, int(index[0, 0]), len(index),
+                            site.read_only)
+
+
+def decode(data: np.ndarray, index: np.ndarray, device: Any
            ) -> List[Packet]:
   """The packets of a batch, their arrays views over `data` or over their
   own blocks.
 
-  `rows` has a row (offset, site, request id, size, block, address) per
-  packet. A large packet (with a block) is decoded alone, its arrays views of
+  `index` has a row (offset, site, request id, size, block, address) per
+  packet. A batch of small taps of one site, the usual one, is made at once
+  (`_taps_of_one_site`). A large packet (with a block) is decoded alone, its arrays views of
   its block. Consecutive small packets of one site lie at a fixed stride in
   `data`, so each of the site's arrays is one strided view whose rows are the
   packets' arrays (sub-byte arrays are unpacked into new arrays instead). A
@@ -98,7 +117,11 @@ def decode(data: np.ndarray, rows: List[List[int]], device: Any
   (`_drop`). The arrays of a site registered with copy=False are read-only,
   and those its `ints` name are Python ints.
   """
-  packets: List[Packet] = []
+  packets = _taps_of_one_site(data, index, device)
+  if packets is not None:
+    return packets
+  packets = []
+  rows: List[List[int]] = index.tolist()
   start, count = 0, len(rows)
   device_id = device.device_id
   while start < count:

@@ -129,7 +129,7 @@ class _Device:
       native.release(self.device_id, self.finished, self.finished_bytes)
       self.finished = self.finished_bytes = 0
 
-  def take_as_guest(self) -> Tuple[np.ndarray, List[List[int]]]:
+  def take_as_guest(self) -> Tuple[np.ndarray, np.ndarray]:
     """The next waiting packet's bytes and index rows (none or one), taken
     by a guest (`NativeTransport.take_here`), which the extension's
     `end_guest` finishes: none of `take`'s accounting."""
@@ -140,8 +140,8 @@ class _Device:
       if not needed:
         break
       buffer = self._buffer(needed)
-    rows = self._index[:count].tolist()
-    copied = any(not row[4] for row in rows)  # not lent in a block
+    rows = self._index[:count].copy()
+    copied = not rows[:, 4].all()  # not lent in a block
     return (buffer.lend() if copied else np.empty(0, np.uint8)), rows
 
 
@@ -256,7 +256,7 @@ class NativeTransport:
   def take_batch(self, device_id: int, timeout: float) -> List[Packet]:
     device = self._devices[device_id]
     data, index = device.take(timeout)
-    return decode(data, index.tolist(), device) if len(index) else []
+    return decode(data, index, device) if len(index) else []
 
   def mark_finished(self, device_id: int, packet: Packet) -> None:
     # The bytes are released by the next take_batch, which the consumer
@@ -280,7 +280,8 @@ class NativeTransport:
       return []
     try:
       data, rows = self._guest(device_id).take_as_guest()
-      packets = decode(data, rows, _DroppedByGuest(device_id)) if rows else []
+      packets = (decode(data, rows, _DroppedByGuest(device_id))
+                 if len(rows) else [])
     except BaseException:
       native.end_guest(device_id)
       raise
