@@ -111,6 +111,7 @@ SOURCES = (
     "ffi_cuda.cc",
     "module.cc", "module_support.cc", "module_queues.cc", "module_cuda.cc",
     "module_testing.cc", "python_hooks.cc", "idle_check.cc", "python_runner.cc",
+    "python_plain_tap.cc",
     "python_arguments.cc", "python_results.cc",
     "python_sites.cc", "python_memory.cc", "python_dlpack.cc",
     "python_instances.cc", "python_consume.cc",

@@ -31,7 +31,7 @@ from .native_library import (
     available, configure_idle_check, cuda_ffi_handlers, dispatch_hook,
     execution_failed, executions, ffi_handlers, idle_barrier, idle_check,
     idle_check_begin, idle_check_forget, idle_check_waited, load_cuda_runtime,
-    reset_executions_low_water)
+    plain_tap, reset_executions_low_water)
 from .native_memory import BatchBuffer
 from .packets import POLL_SECONDS, DirectRunParts, Packet
 from .transport import QueueStats
@@ -42,7 +42,7 @@ __all__ = [
     "cuda_ffi_handlers", "dispatch_hook", "execution_failed", "executions",
     "ffi_handlers", "idle_barrier", "idle_check", "idle_check_begin",
     "idle_check_forget", "idle_check_waited",
-    "load_cuda_runtime", "reset_executions_low_water",
+    "load_cuda_runtime", "plain_tap", "reset_executions_low_water",
 ]
 
 # A batch taken from a queue holds at most this many packets and bytes (but

@@ -15,7 +15,7 @@ import jax
 import numpy as np
 
 from . import stop_listeners
-from ..receiver import ctrl_c
+from ..receiver import ctrl_c, transport_native
 
 # A transformation entry as stored in primitive params (hashable):
 # (name, ((param_name, value), ...)).
@@ -401,6 +401,11 @@ def _device_kwargs(function: UserKind, device_by_number: Callable[[int], Any]
   return device_kwargs
 
 
+def _tap_failed(device_id: int) -> None:
+  """What a tap's consumer does when its host function raised."""
+  stop_listeners.notify(device_id, is_call=False)
+
+
 @make_consumer.register
 def _tap_consumer(function: TapParams, transforms: Transforms,
                   device_by_number: Callable[[int], Any]) -> _Consumer:
@@ -408,11 +413,18 @@ def _tap_consumer(function: TapParams, transforms: Transforms,
   argument = _argument_builder(function.arg_treedef)
   unpacked = unpack_transforms(transforms)
   if not (function.with_device or function.with_shard):
+    # One array: the native runners call `func` itself, with no frame of
+    # ours between (where the native module is built).
+    in_c = (transport_native.plain_tap(func, unpacked, _tap_failed)
+            if function.arg_treedef == _ONE_ARRAY else None)
+    if in_c is not None:
+      return in_c
+
     def tap(arrays: Sequence[np.ndarray], device_id: int) -> None:
       try:
         func(argument(arrays), unpacked)
       except BaseException:
-        stop_listeners.notify(device_id, is_call=False)
+        _tap_failed(device_id)
         raise
     return tap
 
@@ -422,7 +434,7 @@ def _tap_consumer(function: TapParams, transforms: Transforms,
     try:
       func(argument(arrays), unpacked, **device_kwargs(device_id, arrays))
     except BaseException:
-      stop_listeners.notify(device_id, is_call=False)
+      _tap_failed(device_id)
       raise
   return tap_with_device
 

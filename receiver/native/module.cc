@@ -32,7 +32,7 @@ namespace {
 
 // Bumped whenever a function's signature changes (the module's
 // ABI_VERSION, which receiver/native_library.py checks).
-constexpr int kAbiVersion = 28;
+constexpr int kAbiVersion = 29;
 
 // Adds `name` = `value` (a new reference, or null with an exception set)
 // to `module`; false with an exception set.
@@ -143,6 +143,7 @@ PyMODINIT_FUNC PyInit__native() {
       PyModule_AddFunctions(module, hcb::python::kIdleCheckMethods) < 0 ||
       PyModule_AddFunctions(module, hcb::python::kInstanceMethods) < 0 ||
       PyModule_AddFunctions(module, hcb::python::kConsumeMethods) < 0 ||
+      PyModule_AddFunctions(module, hcb::python::kPlainTapMethods) < 0 ||
       PyModule_AddFunctions(module, hcb::python::kCudaMethods) < 0 ||
       PyModule_AddFunctions(module, hcb::python::kTestingMethods) < 0 ||
       !AddConstants(module)) {

@@ -83,6 +83,7 @@ extern PyMethodDef kHookMethods[];     // python_hooks.cc
 extern PyMethodDef kIdleCheckMethods[];  // idle_check.cc
 extern PyMethodDef kInstanceMethods[];  // python_instances.cc
 extern PyMethodDef kConsumeMethods[];  // python_consume.cc
+extern PyMethodDef kPlainTapMethods[];  // python_plain_tap.cc
 
 }  // namespace hcb::python
 

@@ -27,6 +27,7 @@
 
 #include "python_instances.h"
 #include "python_limited.h"
+#include "python_owned_fields.h"
 
 namespace hcb::python {
 namespace {
@@ -228,26 +229,7 @@ PyObject* FeedCall(PyObject* self, PyObject* args, PyObject* kwargs) {
   return outcome;
 }
 
-int FeedTraverse(PyObject* self, visitproc visit, void* arg) {
-  PyObject** fields = Fields(reinterpret_cast<FeedObject*>(self));
-  for (int i = 0; i < kFeedFields; ++i) Py_VISIT(fields[i]);
-  Py_VISIT(reinterpret_cast<PyObject*>(Py_TYPE(self)));
-  return 0;
-}
-
-int FeedClear(PyObject* self) {
-  PyObject** fields = Fields(reinterpret_cast<FeedObject*>(self));
-  for (int i = 0; i < kFeedFields; ++i) Py_CLEAR(fields[i]);
-  return 0;
-}
-
-void FeedDealloc(PyObject* self) {
-  PyTypeObject* type = Py_TYPE(self);
-  PyObject_GC_UnTrack(self);
-  FeedClear(self);
-  reinterpret_cast<freefunc>(PyType_GetSlot(type, Py_tp_free))(self);
-  Py_DECREF(reinterpret_cast<PyObject*>(type));
-}
+using FeedFields = OwnedFields<FeedObject, kFeedFields, Fields>;
 
 // The fallback's name: what a printed jaxpr and an error name the feed by.
 PyObject* FeedName(PyObject* self, void* /*closure*/) {
@@ -266,9 +248,9 @@ PyType_Slot feed_slots[] = {
         "A consumer made by instance_feed (receiver/native/"
         "python_instances.cc).")},
     {Py_tp_call, reinterpret_cast<void*>(FeedCall)},
-    {Py_tp_traverse, reinterpret_cast<void*>(FeedTraverse)},
-    {Py_tp_clear, reinterpret_cast<void*>(FeedClear)},
-    {Py_tp_dealloc, reinterpret_cast<void*>(FeedDealloc)},
+    {Py_tp_traverse, reinterpret_cast<void*>(FeedFields::Traverse)},
+    {Py_tp_clear, reinterpret_cast<void*>(FeedFields::Clear)},
+    {Py_tp_dealloc, reinterpret_cast<void*>(FeedFields::Dealloc)},
     {Py_tp_getset, feed_getset},
     {0, nullptr},
 };
@@ -302,17 +284,9 @@ PyObject* InstanceFeed(PyObject* /*module*/, PyObject* args) {
     FeedType = reinterpret_cast<PyTypeObject*>(PyType_FromSpec(&feed_spec));
     if (FeedType == nullptr) return nullptr;
   }
-  auto* feed =
-      reinterpret_cast<FeedObject*>(PyType_GenericAlloc(FeedType, 0));
-  if (feed == nullptr) return nullptr;
-  feed->slots = slots;
-  PyObject* given[kFeedFields] = {head, tail, devices, callback, failed,
-                                  fallback};
-  PyObject** fields = Fields(feed);
-  for (int i = 0; i < kFeedFields; ++i) {
-    Py_INCREF(given[i]);
-    fields[i] = given[i];
-  }
+  FeedObject* feed = FeedFields::New(
+      FeedType, {head, tail, devices, callback, failed, fallback});
+  if (feed != nullptr) feed->slots = slots;
   return reinterpret_cast<PyObject*>(feed);
 }
 

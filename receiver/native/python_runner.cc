@@ -10,6 +10,7 @@
 #include "packet.h"
 #include "python_arguments.h"
 #include "python_limited.h"
+#include "python_plain_tap.h"
 #include "python_results.h"
 #include "python_sites.h"
 
@@ -206,8 +207,7 @@ PyObject* CountedCall(int64_t* slots, bool queued, PyObject* consumer,
                       PyObject* arrays, PyObject* device_id) {
   ++slots[kRunning];
   if (queued) ++slots[kBegunQueued];
-  PyObject* results =
-      PyObject_CallFunctionObjArgs(consumer, arrays, device_id, nullptr);
+  PyObject* results = python::CallConsumer(consumer, arrays, device_id);
   --slots[kRunning];
   ++slots[kRan];
   return results;
