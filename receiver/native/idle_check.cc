@@ -92,16 +92,22 @@ int AllDrained(PyObject* queues, PyObject* enqueued, PyObject* finished) {
   Py_ssize_t position = 0;
   PyObject *key, *queue;
   while (PyDict_Next(queues, &position, &key, &queue)) {
-    PyObject* done = PyObject_GetAttr(queue, finished);
-    if (done == nullptr) return -1;
-    PyObject* sent = PyObject_GetAttr(queue, enqueued);
+    // The counts, read in the queue's namespace: two ints, whose
+    // comparison runs no Python code while the references are borrowed.
+    PyObject* names = PyObject_GenericGetDict(queue, nullptr);
+    if (names == nullptr) return -1;
+    PyObject* done = PyDict_GetItemWithError(names, finished);
+    PyObject* sent =
+        done == nullptr ? nullptr : PyDict_GetItemWithError(names, enqueued);
     if (sent == nullptr) {
-      Py_DECREF(done);
+      Py_DECREF(names);
+      if (!PyErr_Occurred()) {
+        PyErr_SetString(PyExc_AttributeError, "idle check: no queue counts");
+      }
       return -1;
     }
     const int equal = PyObject_RichCompareBool(sent, done, Py_EQ);
-    Py_DECREF(sent);
-    Py_DECREF(done);
+    Py_DECREF(names);
     if (equal <= 0) return equal;
   }
   return 1;
