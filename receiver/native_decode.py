@@ -97,9 +97,17 @@ def _taps_of_one_site(data: np.ndarray, index: np.ndarray, device: Any
       not (index[:, 1] == site_id).all() or
       not (index[:, 3] == site.packet_bytes).all()):
     return None
-  return native.tap_packets(Packet, site.consumer_id, device.device_id,
-                            site_id, data, int(index[0, 0]), len(index),
-                            site.read_only)
+  return _tap_packets(site, site_id, device.device_id, data,
+                      int(index[0, 0]), len(index))
+
+
+def _tap_packets(site: Site, site_id: int, device_id: int, data: np.ndarray,
+                 offset: int, count: int) -> Optional[List[Packet]]:
+  """The Packets of `count` small tap packets of `site` that lie one after
+  the other from `offset` in `data`, made in C; None where the site has a
+  column packed below a byte."""
+  return native.tap_packets(Packet, site.consumer_id, device_id, site_id,
+                            data, offset, count, site.read_only)
 
 
 def decode(data: np.ndarray, index: np.ndarray, device: Any
@@ -109,9 +117,10 @@ def decode(data: np.ndarray, index: np.ndarray, device: Any
 
   `index` has a row (offset, site, request id, size, block, address) per
   packet. A batch of small taps of one site, the usual one, is made at once
-  (`_taps_of_one_site`). A large packet (with a block) is decoded alone, its arrays views of
-  its block. Consecutive small packets of one site lie at a fixed stride in
-  `data`, so each of the site's arrays is one strided view whose rows are the
+  (`_taps_of_one_site`). A large packet (with a block) is decoded alone, its
+  arrays views of its block. Consecutive small packets of one site lie at a
+  fixed stride in `data`: a run of taps is made in C (`_tap_packets`); else
+  each of the site's arrays is one strided view whose rows are the
   packets' arrays (sub-byte arrays are unpacked into new arrays instead). A
   packet whose site is unknown or whose size is not its site's is dropped
   (`_drop`). The arrays of a site registered with copy=False are read-only,
@@ -147,9 +156,8 @@ def decode(data: np.ndarray, index: np.ndarray, device: Any
           site.consumer_id, device_id, _as_site_gives(arrays, site),
           NativeReply(request_id) if request_id else None))
       continue
-    if not request_id:  # taps: made in C, as below
-      made = native.tap_packets(Packet, site.consumer_id, device_id, site_id,
-                                data, offset, run, site.read_only)
+    if not request_id:  # taps
+      made = _tap_packets(site, site_id, device_id, data, offset, run)
       if made is not None:
         packets.extend(made)
         continue

@@ -233,9 +233,9 @@ def plain_tap(func: Callable[[Any, Any], Any], transforms: Any,
 
 def taken_runner() -> Optional[Callable[..., None]]:
   """`run_taken(taken, popleft, consumers, counts, slots, failed,
-  mark_finished, mark_count_finished, device_id)`: a receiver thread's taken packets run in C
-  (native/python_consume.cc); None where the native module is not
-  built."""
+  mark_finished, mark_count_finished, device_id)`: a receiver thread's
+  taken packets run in C (native/python_consume.cc); None where the native
+  module is not built."""
   return None if native is None else native.run_taken
 
 

@@ -140,9 +140,9 @@ class _Device:
       if not needed:
         break
       buffer = self._buffer(needed)
-    rows = self._index[:count].copy()
-    copied = not rows[:, 4].all()  # not lent in a block
-    return (buffer.lend() if copied else np.empty(0, np.uint8)), rows
+    index = self._index[:count].copy()
+    copied = not index[:, 4].all()  # not lent in a block
+    return (buffer.lend() if copied else np.empty(0, np.uint8)), index
 
 
 class _DroppedByGuest:
@@ -279,9 +279,9 @@ class NativeTransport:
     if device_id not in self._devices:
       return []
     try:
-      data, rows = self._guest(device_id).take_as_guest()
-      packets = (decode(data, rows, _DroppedByGuest(device_id))
-                 if len(rows) else [])
+      data, index = self._guest(device_id).take_as_guest()
+      packets = (decode(data, index, _DroppedByGuest(device_id))
+                 if len(index) else [])
     except BaseException:
       native.end_guest(device_id)
       raise

@@ -4,9 +4,10 @@
 // queue's slots (python_runner.h:RunSlot, as QueueRuns.begin and end), its
 // error handed to `failed`, and `mark_finished(device_id, packet)` after
 // each, or `mark_count_finished(device_id, count)` once for those it ran
-// where that is not None. It stops at the first packet it does not run that way: one that
-// waits for a reply (a call's), whose consumer is gone, or once the counts
-// are closed (the process ends); Python's run_queued runs that one.
+// where that is not None. It stops at the first packet it does not run
+// that way: one that waits for a reply (a call's), whose consumer is gone,
+// or once the counts are closed (the process ends); Python's run_queued
+// runs that one.
 
 // And tap_packets: a run of a batch's tap packets of one site, decoded
 // into Packets (receiver/native_decode.py:decode's common case), as
@@ -109,9 +110,9 @@ bool RunOne(PyObject* packet, PyObject* consumer, int64_t* slots,
 }
 
 // run_taken(taken, popleft, consumers, counts, slots, failed, mark_finished,
-// mark_count_finished, device_id): see the top. `taken` is the deque, `popleft` its method,
-// `consumers` the registry's table, `counts` the RunCounts (its `closed`),
-// `slots` the queue's QueueRuns.slots.
+// mark_count_finished, device_id): see the top. `taken` is the deque,
+// `popleft` its method, `consumers` the registry's table, `counts` the
+// RunCounts (its `closed`), `slots` the queue's QueueRuns.slots.
 PyObject* RunTaken(PyObject* /*module*/, PyObject* args) {
   PyObject *taken, *popleft, *consumers, *counts, *slots_object, *failed,
       *mark_finished, *mark_count, *device_id;
@@ -144,7 +145,7 @@ PyObject* RunTaken(PyObject* /*module*/, PyObject* args) {
     ok = popped != nullptr &&
          RunOne(packet, consumer, slots, device_id, failed,
                 counting ? nullptr : mark_finished);
-    if (popped != nullptr) ran += counting;
+    if (popped != nullptr && counting) ++ran;
     Py_DECREF(consumer);
     Py_DECREF(packet);  // a large packet's memory returns to its pool now
   }

@@ -105,8 +105,8 @@ PyObject* NewPlainTap(PyObject* /*module*/, PyObject* args) {
 
 }  // namespace
 
-PyObject* CallConsumer(PyObject* consumer, PyObject* arrays,
-                       PyObject* device_id) {
+PyObject* RunConsumer(PyObject* consumer, PyObject* arrays,
+                      PyObject* device_id) {
   if (PlainTapType != nullptr && Py_TYPE(consumer) == PlainTapType) {
     return Run(reinterpret_cast<PlainTap*>(consumer), arrays, device_id);
   }

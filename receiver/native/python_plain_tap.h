@@ -3,7 +3,7 @@
 // Python consumer of a tap of one array with no device or shard argument
 // does, and on an exception calls `failed(device_id)` before it goes on.
 // The runner and the receiver thread's C loop call `func` straight from C
-// (CallConsumer), with no Python frame between.
+// (RunConsumer), with no Python frame between.
 
 #ifndef HOST_CALLBACK_RECEIVER_NATIVE_PYTHON_PLAIN_TAP_H_
 #define HOST_CALLBACK_RECEIVER_NATIVE_PYTHON_PLAIN_TAP_H_
@@ -15,8 +15,8 @@ namespace hcb::python {
 
 // `consumer(arrays, device_id)`, a PlainTap's without the tuple of a call:
 // the result (a new reference), or null with the exception set.
-PyObject* CallConsumer(PyObject* consumer, PyObject* arrays,
-                       PyObject* device_id);
+PyObject* RunConsumer(PyObject* consumer, PyObject* arrays,
+                      PyObject* device_id);
 
 }  // namespace hcb::python
 

@@ -207,7 +207,7 @@ PyObject* CountedCall(int64_t* slots, bool queued, PyObject* consumer,
                       PyObject* arrays, PyObject* device_id) {
   ++slots[kRunning];
   if (queued) ++slots[kBegunQueued];
-  PyObject* results = python::CallConsumer(consumer, arrays, device_id);
+  PyObject* results = RunConsumer(consumer, arrays, device_id);
   --slots[kRunning];
   ++slots[kRan];
   return results;
