@@ -18,7 +18,7 @@ import threading
 from types import ModuleType
 from typing import Any, Callable, Dict, Optional, Sequence, Tuple
 
-ABI_VERSION = 29
+ABI_VERSION = 30
 
 
 def _load() -> Optional[ModuleType]:
@@ -136,9 +136,10 @@ def execution_failed() -> None:
 # --- Dispatches and the idle check (native/dispatches.h, idle_check.cc) ---
 
 def dispatch_hook() -> Callable[..., None]:
-  """The builtin that counts one dispatch on the calling thread, whatever
-  its arguments: what JAX calls after each dispatch (a Python function
-  would cost every dispatch more)."""
+  """The builtin that counts one dispatch on the calling thread and notes
+  a weak reference to an array it output, the fourth argument: what JAX
+  calls after each dispatch (a Python function would cost every dispatch
+  more)."""
   assert native is not None, "the native transport is not built"
   return native.note_dispatch
 
@@ -146,20 +147,22 @@ def dispatch_hook() -> Callable[..., None]:
 def configure_idle_check(
     given_up: Tuple[Any, str], lowerings: Tuple[Any, str],
     empty: Sequence[Tuple[Any, str]], same: Sequence[Tuple[Any, str, Any]],
-    drained: Sequence[Tuple[Any, str, str, str]]) -> None:
+    drained: Sequence[Tuple[Any, str, str, str]], array_type: type) -> None:
   """What the idle check reads besides the native counts, each as (object,
   attribute name): the executions in flight that barriers gave up on, the
   computations over several devices lowered, attributes that must be
   empty, attributes that must be the given object, and (object,
   attribute, enqueued, finished): a dict of queues, each of which must
-  have its attributes `enqueued` and `finished` equal. Forgets the
-  barriers that waited."""
+  have its attributes `enqueued` and `finished` equal. `array_type`: the
+  type of the arrays a dispatch outputs, whose `is_ready()` tells whether
+  the dispatch has finished. Forgets the barriers that waited."""
   assert native is not None, "the native transport is not built"
   native.idle_check_configure(_from_namespace(given_up),
                               _from_namespace(lowerings),
                               tuple(map(_from_namespace, empty)),
                               tuple(map(_from_namespace, same)),
-                              tuple(map(_from_namespace, drained)))
+                              tuple(map(_from_namespace, drained)),
+                              array_type)
 
 
 def _from_namespace(watch: Sequence[Any]) -> Tuple[Any, ...]:

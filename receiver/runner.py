@@ -64,6 +64,9 @@ class HostFunctionRunner:
       if packet.reply is not None:
         packet.reply.set_result(result if result is not None else ())
     except BaseException as error:  # pylint: disable=broad-except
+      # From the consumer's frame on, as the C loops that run consumers
+      # record it (a builtin host function's error shows no frame).
+      error.__traceback__ = error.__traceback__.tb_next
       waiting = packet.reply is not None and not packet.reply.done
       interrupted = self._queued_failed(error, raise_interrupt,
                                         delivered=packet.reply is not None)

@@ -155,6 +155,88 @@ def test_an_idle_barrier_dispatches_nothing(devices):
   assert _sent_and_begun() == before
 
 
+def _probes_dispatched(monkeypatch):
+  """The probe dispatches that barriers make from now on, one entry each."""
+  dispatched = []
+  real_dispatch = probes.dispatch
+  monkeypatch.setattr(probes, "dispatch",
+                      lambda *a, **k: dispatched.append(a) or
+                      real_dispatch(*a, **k))
+  return dispatched
+
+
+@pytest.mark.parametrize("outputs", ["kept", "first dropped",
+                                     "last dropped", "eight steps"])
+def test_a_barrier_after_finished_steps_dispatches_nothing(
+    both_modes, monkeypatch, outputs):
+  """A barrier after a few steps that have finished, whose outputs the
+  program still holds in part (a training loop drops the loss, or keeps
+  it and drops the state), needs no probe: their outputs are ready. In the
+  synchronous mode their taps ran in them, so it waits for nothing, and
+  the one after it is idle too."""
+  recorder = Recorder()
+  step = jax.jit(lambda x: (jnp.sum(x), hcb.id_tap(recorder, x) + 1))
+  x = jnp.zeros(3, jnp.float32)
+  step(x)
+  hcb.barrier_wait()
+  recorder.calls.clear()
+  dispatched = _probes_dispatched(monkeypatch)
+  before = _sent_and_begun()
+  steps = 8 if outputs == "eight steps" else 1
+  kept = []
+  for _ in range(steps):
+    loss, x = step(x)
+    kept.append(x if outputs == "first dropped" else
+                loss if outputs == "last dropped" else (loss, x))
+  hcb.barrier_wait()
+  assert [a.tolist() for a in recorder.args] == [
+      [float(i)] * 3 for i in range(steps)]
+  if both_modes == "synchronous":
+    assert dispatched == []
+    hcb.barrier_wait()
+    assert dispatched == [] and _sent_and_begun()[1] == before[1] + steps
+
+
+@pytest.mark.parametrize("steps", [1, 4, 5])
+def test_barrier_waits_for_kept_steps_whose_input_was_not_ready(steps):
+  """Each step waits for `_busy`'s output, and the program holds every
+  output: those arrays are not ready, so the barrier waits for the steps
+  (on its probes), as it does after more dispatches (10) than it
+  follows."""
+  recorder = Recorder()
+  step = jax.jit(lambda y: (hcb.id_tap(recorder, jnp.sum(y[0, :3])), y))
+  x = _busy_input(cpu_devices(1)[0])
+  inputs = [jax.block_until_ready(x + i) for i in range(steps)]
+  step(x)
+  hcb.barrier_wait()
+  recorder.calls.clear()
+  kept = []
+  for y in inputs:
+    busy = _busy(y)
+    kept.append((busy, step(busy)))
+  hcb.barrier_wait()
+  received = [float(a) for a in recorder.args]
+  del kept
+  expected = [float(np.sum(_busy(y)[0, :3])) for y in inputs]
+  np.testing.assert_allclose(received, expected, rtol=1e-5)
+
+
+def test_barrier_waits_after_a_step_whose_outputs_were_deleted(monkeypatch):
+  """Deleted outputs cannot say whether their step has finished: the
+  barrier waits on its probes."""
+  recorder = Recorder()
+  step = jax.jit(lambda y: hcb.id_tap(recorder, y) * 2)
+  step(jnp.float32(1))
+  hcb.barrier_wait()
+  recorder.calls.clear()
+  dispatched = _probes_dispatched(monkeypatch)
+  output = step(jnp.float32(2))
+  output.delete()
+  hcb.barrier_wait()
+  assert [float(a) for a in recorder.args] == [2.0]
+  assert len(dispatched) == 1
+
+
 class _HeldTap:
   """A tap function that says when it has started, and goes on once
   released."""
@@ -465,11 +547,7 @@ def test_a_barrier_is_idle_again_after_jax_hid_the_dispatch_hook(monkeypatch):
   _idle_after_a_tap()
   jnp.var(jnp.ones(3))
   hcb.barrier_wait()  # waits: the hook did not count since
-  dispatched = []
-  real_dispatch = probes.dispatch
-  monkeypatch.setattr(probes, "dispatch",
-                      lambda *a, **k: dispatched.append(a) or
-                      real_dispatch(*a, **k))
+  dispatched = _probes_dispatched(monkeypatch)
   hcb.barrier_wait()
   assert dispatched == []
 

@@ -14,6 +14,7 @@ import jax.numpy as jnp
 import pytest
 
 import host_callback as hcb
+from host_callback.barrier import probes
 from helpers import needs_cpu_default_backend
 
 pytestmark = pytest.mark.usefixtures("outfeed_mode")
@@ -41,6 +42,35 @@ def test_barrier_runs_waiting_taps_on_its_own_thread():
     hcb.barrier_wait()
     assert [value for value, _ in received] == list(range(i + 1))
     if received[-1][1] == threading.get_ident():
+      return
+  pytest.fail(f"no tap of {_ATTEMPTS} ran on the barrier's thread")
+
+
+def test_after_a_finished_step_the_barrier_runs_its_taps_without_probes(
+    monkeypatch):
+  """A step that has finished (the output the program keeps is ready) left
+  only its taps to wait for: the barrier runs them on its own thread and
+  then has nothing left, so it dispatches no probe."""
+  needs_cpu_default_backend(_CPU_PROBES_ONLY)
+  ran_on = []
+  step = jax.jit(lambda x: (hcb.id_tap(
+      lambda v, transforms: ran_on.append(threading.get_ident()), x), x + 1))
+  x = jnp.int32(0)
+  step(x)
+  hcb.barrier_wait()
+  dispatched = []
+  real_dispatch = probes.dispatch
+  monkeypatch.setattr(probes, "dispatch",
+                      lambda *a, **k: dispatched.append(a) or
+                      real_dispatch(*a, **k))
+  for _ in range(_ATTEMPTS):
+    ran_on.clear()
+    dispatched.clear()
+    kept = step(x)
+    hcb.barrier_wait()
+    assert len(ran_on) == 1 and kept[1] == 1
+    if ran_on[0] == threading.get_ident():
+      assert dispatched == []
       return
   pytest.fail(f"no tap of {_ATTEMPTS} ran on the barrier's thread")
 

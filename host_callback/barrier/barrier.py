@@ -380,6 +380,13 @@ def _check_not_in_consumer(api: str) -> None:
         "function; it would wait for itself. Call it from the main program.")
 
 
+def _idle_once_run_here() -> bool:
+  """Runs here what waits on queues that no receiver thread is busy with;
+  then whether the barrier is idle: in the outfeed mode, after steps that
+  have finished (see `idle`), their taps were all that was left."""
+  return (host_side.runtime.consume_here(_CONSUMED_HERE) and idle.now())
+
+
 def barrier_wait(logging_name: Optional[str] = None) -> None:
   """Blocks until every callback from computations already started is done.
 
@@ -395,6 +402,8 @@ def barrier_wait(logging_name: Optional[str] = None) -> None:
   host_side.runtime.check_usable()
   if logs:
     logger.debug("barrier_wait[%s]: start", logging_name)
+  if not is_idle and _idle_once_run_here():
+    is_idle = True
   if not is_idle:
     idle.begin(_in_flight, _after_wait_idle_when_empty)
     idle.waited(_wait_for_devices())

@@ -1,7 +1,7 @@
-"""The idle barrier: nothing dispatched since the last barrier that waited,
-nothing in flight, every queue drained, nothing to release or raise; then
-`barrier_wait` costs one native call (`receiver/native/idle_check.cc`)
-instead of its probes (`probes`).
+"""The idle barrier: nothing dispatched since the last barrier that waited
+but what is known to have finished, nothing in flight, every queue
+drained, nothing to release or raise; then `barrier_wait` costs one native
+call (`receiver/native/idle_check.cc`) instead of its probes (`probes`).
 
 JAX calls a hook after each dispatch through its C++ fast path (see
 `_jax_adapter.hook_dispatches`), which the native module counts per thread
@@ -12,7 +12,12 @@ began with, on its thread: while they stay the same, the probes would find
 nothing to wait for, as every computation that this thread dispatched has
 finished, and on any thread where a computation over several devices may be
 pending (once `ordering.multi_device_lowered`, which the probe across two
-devices covers). A computation over several devices lowered since (the
+devices covers). The hook also keeps weak references to two arrays that
+each of the thread's last few dispatches output
+(native/dispatched_outputs.h): where every dispatch since has an array
+alive and ready, those dispatches have finished, and the check counts them
+as waited for (a training step that ran inline, whose state the program
+keeps). A computation over several devices lowered since (the
 first call of one, dispatched through JAX's Python path, which calls no
 hook, perhaps on another thread) also makes the next barrier wait. Only on
 CPU with the native library built.
@@ -103,7 +108,8 @@ def _configure(in_flight: Any, hook: Callable[..., None],
       drained=tuple(
           transport.drained_watch()
           for name, transport in runtime.transports().items()
-          if name != transport_native.NativeTransport.name))
+          if name != transport_native.NativeTransport.name),
+      array_type=adapter.dispatched_array_type())
 
 
 def waited(covered: bool) -> None:

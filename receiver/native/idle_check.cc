@@ -6,15 +6,19 @@
 // thread, the dispatches it began with (dispatches.h) and a count that the
 // Python side keeps (the computations over several devices lowered). The
 // barrier after it is idle while: the calling thread runs no host function
-// of ours; those counts are the same (the dispatches on every thread too,
-// once that count is not 0); at most the executions that barriers gave up
-// on are in flight (executions.h); every native queue is drained; and the
-// watches the Python side configured hold: attributes that must be empty
+// of ours; the count is the same; each dispatch on this thread since is
+// known to have finished (dispatched_outputs.h: a few at most; the
+// training step that a barrier follows, typically), and none was made on
+// another thread once that count is not 0; at most the executions that
+// barriers gave up on are in flight (executions.h); every native queue is
+// drained; and the watches the Python side configured hold: attributes that must be empty
 // (a pending error, a retired consumer, the runtime tokens a dispatch left),
 // attributes that must be a given object (the hook that counts dispatches)
 // and dicts of queues whose every queue has finished what was enqueued
 // (the Python transport's); an object given as its namespace dict is read
-// there. The Python side is host_callback/barrier/idle.py and
+// there. An idle barrier after finished dispatches records their counts
+// as a barrier that waited would. The Python side is
+// host_callback/barrier/idle.py and
 // receiver/native_library.py:configure_idle_check.
 
 #include "module_support.h"
@@ -22,6 +26,7 @@
 #include <cstdint>
 #include <string>
 
+#include "dispatched_outputs.h"
 #include "dispatches.h"
 #include "executions.h"
 #include "python_limited.h"
@@ -142,15 +147,19 @@ int WatchesHold() {
   return 1;
 }
 
-// idle_check_configure(given_up, lowerings, empty, same, drained): see
-// Watches; forgets every thread's recorded counts.
+// idle_check_configure(given_up, lowerings, empty, same, drained,
+// array_type): see Watches, and dispatched_outputs.h for `array_type`, the
+// type of the arrays a dispatch outputs; forgets every thread's recorded
+// counts.
 PyObject* Configure(PyObject*, PyObject* args) {
-  PyObject *given_up, *lowerings, *empty, *same, *drained;
-  if (!PyArg_ParseTuple(args, "O!O!O!O!O!", &PyTuple_Type, &given_up,
+  PyObject *given_up, *lowerings, *empty, *same, *drained, *array_type;
+  if (!PyArg_ParseTuple(args, "O!O!O!O!O!O!", &PyTuple_Type, &given_up,
                         &PyTuple_Type, &lowerings, &PyTuple_Type, &empty,
-                        &PyTuple_Type, &same, &PyTuple_Type, &drained)) {
+                        &PyTuple_Type, &same, &PyTuple_Type, &drained,
+                        &PyType_Type, &array_type)) {
     return nullptr;
   }
+  SetDispatchedArrayType(array_type);
   PyObject* const given[] = {given_up, lowerings, empty, same, drained};
   PyObject** const slots[] = {&watches.given_up, &watches.lowerings,
                               &watches.empty, &watches.same, &watches.drained};
@@ -191,18 +200,23 @@ PyObject* Waited(PyObject*, PyObject* covered) {
 }
 
 // Whether a barrier on this thread is idle (see the top): 1 or 0, -1 with
-// an exception set.
+// an exception set. Where it is after dispatches, records their counts.
 int Idle() {
-  const Counts& last = waited;
+  Counts& last = waited;
   if (last.generation != watches.generation || RunsHostFunctionHere()) {
     return 0;
   }
   int64_t lowerings, given_up;
   if (!ReadInt(watches.lowerings, &lowerings)) return -1;
   const Dispatches& dispatches = Dispatches::Get();
+  const int64_t on_this_thread = dispatches.OnThisThread();
+  const int64_t on_all = dispatches.All();
+  // Before the executions in flight are read: the dispatches' executions
+  // have ended by then.
   if (lowerings != last.lowerings ||
-      dispatches.OnThisThread() != last.on_this_thread ||
-      (lowerings != 0 && dispatches.All() != last.on_all)) {
+      (lowerings != 0 &&
+       on_all - last.on_all != on_this_thread - last.on_this_thread) ||
+      !DispatchesFinished(last.on_this_thread, on_this_thread)) {
     return 0;
   }
   if (!ReadInt(watches.given_up, &given_up)) return -1;
@@ -212,7 +226,12 @@ int Idle() {
   if (drained == nullptr) return -1;
   Py_DECREF(drained);
   if (drained != Py_True) return 0;
-  return WatchesHold();
+  const int hold = WatchesHold();
+  if (hold == 1) {
+    last.on_this_thread = on_this_thread;
+    last.on_all = on_all;
+  }
+  return hold;
 }
 
 // idle_now() -> whether a barrier on this thread is idle (see the top).

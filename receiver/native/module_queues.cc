@@ -14,6 +14,7 @@
 #include <cstdint>
 #include <vector>
 
+#include "dispatched_outputs.h"
 #include "dispatches.h"
 #include "executions.h"
 #include "ffi_cpu.h"
@@ -42,10 +43,15 @@ PyObject* ExecutionFailed(PyObject*, PyObject*) {
   Py_RETURN_NONE;
 }
 
-// note_dispatch(*args, **kwargs): JAX's dispatch reports one (the
-// arguments, which JAX passes, are ignored).
-PyObject* NoteDispatch(PyObject*, PyObject* const*, Py_ssize_t, PyObject*) {
-  hcb::Dispatches::Get().Note();
+// note_dispatch(function, args, kwargs, output): JAX's dispatch reports
+// one, and what it output (dispatched_outputs.h); other arguments are
+// counted alike and their outputs not noted.
+PyObject* NoteDispatch(PyObject*, PyObject* const* args, Py_ssize_t nargs,
+                       PyObject*) {
+  hcb::Dispatches& dispatches = hcb::Dispatches::Get();
+  dispatches.Note();
+  NoteDispatchedOutput(nargs == 4 ? args[3] : nullptr,
+                       dispatches.OnThisThread());
   Py_RETURN_NONE;
 }
 

@@ -11,7 +11,7 @@ barrier does. `loop_times` also serves `tools.gpu.timings`.
 from __future__ import annotations
 
 import time
-from typing import Any, Callable, Dict, List, Sequence, Tuple
+from typing import Any, Callable, Dict, List, Optional, Sequence, Tuple
 
 import jax
 import jax.numpy as jnp
@@ -23,7 +23,7 @@ from .scenarios import Scenario
 
 TRANSPORTS = ("python", "native")
 # The loops of the training-loop rows take turns after this many steps.
-_TURN = 100
+_TURN = 20
 
 
 def _noop(*args, **kwargs) -> None:
@@ -121,20 +121,26 @@ def _training_step() -> Tuple[Callable, jax.Array]:
 
 
 def loop_times(x: jax.Array, steps: int, repeat: int,
-               loops: Dict[str, Tuple[Callable, Callable[[jax.Array], None]]]
-               ) -> Dict[str, float]:
+               loops: Dict[str, Tuple[Callable, Callable[[jax.Array], None]]],
+               reference: Optional[str] = None) -> Dict[str, float]:
   """Median ms per step of each loop `name`: calls of `step` (which returns
   (loss, x)), with `wait(output)` after each one, for `loops[name] =
   (step, wait)`: `steps` calls (rounded up to whole stretches) in
   stretches of `_TURN` that start from `x` and end waiting for their last
-  step and its taps. The loops take turns every stretch, so that the
+  step and its taps. The loops take turns every stretch, each round in the
+  next order (the first of a round is not always the same), so that the
   machine's drift (large on a small VM) reaches all of them alike; the
-  median is over the stretches."""
-  times: Dict[str, List[float]] = {name: [] for name in loops}
+  median is over the stretches. With a `reference` loop, each other
+  loop's figure is the reference's median times the median of its ratio
+  to the reference within a round, which the drift between rounds does
+  not move."""
+  names = list(loops)
+  times: Dict[str, List[float]] = {name: [] for name in names}
   turn = min(_TURN, steps)
   for _ in range(repeat):
     for _ in range(-(-steps // turn)):
-      for name, (step, wait) in loops.items():
+      for name in names:
+        step, wait = loops[name]
         start = time.perf_counter()
         y = x
         for _ in range(turn):
@@ -143,7 +149,17 @@ def loop_times(x: jax.Array, steps: int, repeat: int,
         jax.block_until_ready(y)
         hcb.barrier_wait()
         times[name].append(1e3 * (time.perf_counter() - start) / turn)
-  return {name: sorted(t)[len(t) // 2] for name, t in times.items()}
+      names = names[1:] + names[:1]
+  medians = {name: _median(t) for name, t in times.items()}
+  if reference is None:
+    return medians
+  return {name: medians[reference] * _median(
+              [a / b for a, b in zip(t, times[reference])])
+          for name, t in times.items()}
+
+
+def _median(values: Sequence[float]) -> float:
+  return sorted(values)[len(values) // 2]
 
 
 def _training_loop(transport: str, synchronous: bool, steps: int,
@@ -166,7 +182,8 @@ def _training_loop(transport: str, synchronous: bool, steps: int,
     def loops(steps: int, repeat: int) -> Dict[str, float]:
       return _in_mode(transport, synchronous, lambda: loop_times(
           x, steps, repeat,
-          {name: (step, wait) for name, wait in waits.items()}))
+          {name: (step, wait) for name, wait in waits.items()},
+          reference=f"hcb[{transport}]"))
     loops(steps=20, repeat=1)  # compile and warm up
     values = loops(steps, repeat)
     del held

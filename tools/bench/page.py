@@ -183,11 +183,14 @@ TOPICS: List[Topic] = [
           "step against the same loop without it (ratio above 0.98: within "
           "2%) and with `block_until_ready` of each step's output instead, "
           "the least any wait for a step's tap costs; the three loops take "
-          "turns every 100 steps, so that the machine's drift reaches all "
-          "of them, and each figure is the median of those stretches. On a "
-          "2-core VM these ratios still move by 0.05 from run to run. Why "
-          "the loop rows stay above 2% there: see \"What the counters cost "
-          "and cover\" in `docs/architecture.md`."),
+          "turns every 20 steps, each round in the next order, so that the "
+          "machine's drift reaches all of them. The barrier's figure is the "
+          "median of its stretches, each other loop's that median times the "
+          "median of its ratio to the barrier's loop in the same round, "
+          "which the drift between rounds does not move (the ratio of the "
+          "two medians moved by 0.05 from run to run on a 2-core VM). Why "
+          "the outfeed rows stay above `block_until_ready`: see \"What the "
+          "counters cost and cover\" in `docs/architecture.md`."),
 ]
 BARRIER_IDS = frozenset(TOPICS[-1].ids)
 
