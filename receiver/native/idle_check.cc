@@ -6,12 +6,13 @@
 // thread, the dispatches it began with (dispatches.h) and a count that the
 // Python side keeps (the computations over several devices lowered). The
 // barrier after it is idle while: the calling thread runs no host function
-// of ours; the count is the same; each dispatch on this thread since is
-// known to have finished (dispatched_outputs.h: a few at most; the
-// training step that a barrier follows, typically), and none was made on
-// another thread once that count is not 0; at most the executions that
-// barriers gave up on are in flight (executions.h); every native queue is
-// drained; and the watches the Python side configured hold: attributes that must be empty
+// of ours; the count of lowerings is the same; each dispatch on this
+// thread since is known to have finished (dispatched_outputs.h: a few at
+// most; the training step that a barrier follows, typically), and none was
+// made on another thread once that count is not 0; at most the executions
+// that barriers gave up on are in flight (executions.h); every native
+// queue is drained; and the watches the Python side configured hold:
+// attributes that must be empty
 // (a pending error, a retired consumer, the runtime tokens a dispatch left),
 // attributes that must be a given object (the hook that counts dispatches)
 // and dicts of queues whose every queue has finished what was enqueued
