@@ -381,10 +381,14 @@ def _check_not_in_consumer(api: str) -> None:
 
 
 def _idle_once_run_here() -> bool:
-  """Runs here what waits on queues that no receiver thread is busy with;
-  then whether the barrier is idle: in the outfeed mode, after steps that
-  have finished (see `idle`), their taps were all that was left."""
-  return (host_side.runtime.consume_here(_CONSUMED_HERE) and idle.now())
+  """Where the CPU probes cover every open device (where a barrier may be
+  idle at all), runs here what waits on queues that no receiver thread is
+  busy with; then whether the barrier is idle: in the outfeed mode, after
+  steps that have finished (see `idle`), their taps were all that was
+  left. Elsewhere the markers go through the receiver threads, as
+  before."""
+  return (probes.cover(host_side.runtime.open_device_ids()) and
+          host_side.runtime.consume_here(_CONSUMED_HERE) and idle.now())
 
 
 def barrier_wait(logging_name: Optional[str] = None) -> None:

@@ -95,6 +95,12 @@ def _probes(device_numbers: FrozenSet[int], readable: bool
   return tuple(chosen), None not in on_devices
 
 
+def cover(device_numbers: FrozenSet[int]) -> bool:
+  """Whether the probes cover every one of these devices (each is a local
+  CPU), as `dispatch` says."""
+  return _probes(device_numbers, False)[1]
+
+
 def dispatch(device_numbers: FrozenSet[int], readable: bool = False
              ) -> Tuple[List[Any], bool]:
   """Dispatches a probe on each local CPU device among these, and one over
