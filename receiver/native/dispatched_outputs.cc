@@ -146,9 +146,10 @@ void NoteDispatchedOutput(PyObject* output, int64_t number) {
 }
 
 bool DispatchesFinished(int64_t after, int64_t last) {
-  if (last - after > kDispatchesFollowed || last < after) return false;
-  PyObject* slots = last == after ? nullptr : Slots(false);
-  if (slots == nullptr) return last == after;
+  if (last == after) return true;  // none since
+  if (last < after || last - after > kDispatchesFollowed) return false;
+  PyObject* slots = Slots(false);
+  if (slots == nullptr) return false;
   for (int64_t number = after + 1; number <= last; ++number) {
     const int64_t entry = number % kDispatchesFollowed;
     if (noted[entry] != number) return false;

@@ -150,15 +150,16 @@ def loop_times(x: jax.Array, steps: int, repeat: int,
         hcb.barrier_wait()
         times[name].append(1e3 * (time.perf_counter() - start) / turn)
       names = names[1:] + names[:1]
-  medians = {name: _median(t) for name, t in times.items()}
+  medians = {name: upper_median(t) for name, t in times.items()}
   if reference is None:
     return medians
-  return {name: medians[reference] * _median(
+  return {name: medians[reference] * upper_median(
               [a / b for a, b in zip(t, times[reference])])
           for name, t in times.items()}
 
 
-def _median(values: Sequence[float]) -> float:
+def upper_median(values: Sequence[float]) -> float:
+  """The middle value of `values`, the upper one of an even count."""
   return sorted(values)[len(values) // 2]
 
 

@@ -46,7 +46,7 @@ from host_callback import _jax_adapter as adapter
 from host_callback import settings
 from host_callback.tqdm import scan_tqdm
 
-from tools.bench.barrier_scenarios import loop_times
+from tools.bench.barrier_scenarios import loop_times, upper_median
 
 Row = Tuple[str, float, str]
 TRANSPORTS = ("native", "python")
@@ -54,10 +54,6 @@ TRANSPORTS = ("native", "python")
 
 def _noop(*args, **kwargs) -> None:
   return None
-
-
-def _median(values: List[float]) -> float:
-  return sorted(values)[len(values) // 2]
 
 
 def _timed(run: Callable[[], None], repeat: int = 3) -> float:
@@ -69,7 +65,7 @@ def _timed(run: Callable[[], None], repeat: int = 3) -> float:
     start = time.perf_counter()
     run()
     times.append(time.perf_counter() - start)
-  return _median(times)
+  return upper_median(times)
 
 
 def _scan_step_us(op: Callable, steps: int = 20000) -> float:
