@@ -27,7 +27,9 @@ thread. This module is the one place that decides what it means:
   error straight from its C++ dispatch, with no Python code between it and
   the end of the program, the re-armed Ctrl-C is taken back before Python
   prints (which it would interrupt half-way), and the process ends as
-  Ctrl-C ends one (`end_as_ctrl_c_would`).
+  Ctrl-C ends one (`end_as_ctrl_c_would`). A re-armed Ctrl-C that trips
+  where Python drops exceptions (an audit hook, a garbage collection
+  callback) is re-armed again (`_install_unraisable_rearm`).
 - At exit (`program_ended_by_ctrl_c`): the exit after Ctrl-C runs no host
   function and waits for none (receiver/abandon.py).
 """
@@ -191,6 +193,30 @@ def install_excepthook(internal: Sequence[str],
           if native is not None else functools.partial(present, False))
   hook.host_callback_ctrl_c = True  # type: ignore[attr-defined]
   sys.excepthook = hook
+  _install_unraisable_rearm()
+
+
+def _install_unraisable_rearm() -> None:
+  """From now on, once Ctrl-C has cancelled a computation, a
+  KeyboardInterrupt that Python would drop because it tripped in code whose
+  exceptions it ignores (an audit hook, such as filelock's, run for the
+  `sys.excepthook` event just before the hook above; a garbage collection
+  callback) is re-armed instead of printed as "Exception ignored": raised
+  at the main thread's next line, or read as pending by the hook above."""
+  previous = sys.unraisablehook
+
+  def rearm_dropped_ctrl_c(unraisable: Any) -> Any:
+    if not (isinstance(unraisable.exc_type, type) and
+            issubclass(unraisable.exc_type, KeyboardInterrupt) and
+            threading.current_thread() is threading.main_thread() and
+            not sys.is_finalizing() and cancellations()):
+      return previous(unraisable)
+    # Freed with this frame, after its last line: the re-armed Ctrl-C trips
+    # in the next Python code, never in this hook (where it would be lost).
+    rearm = _InterruptGuard()  # noqa: F841 pylint: disable=unused-variable
+    return None
+
+  sys.unraisablehook = rearm_dropped_ctrl_c
 
 
 def _program_part(folders: Tuple[str, ...],
