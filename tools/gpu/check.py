@@ -79,6 +79,7 @@ class Findings:
   rows: List[timings.Row] = dataclasses.field(default_factory=list)
   bench: str = ""
   blocked: str = ""
+  refusals: str = ""
   hardware: List[str] = dataclasses.field(default_factory=list)
   hardware_note: str = "not run"
   tests: Dict[str, List[str]] = dataclasses.field(default_factory=dict)
@@ -211,11 +212,20 @@ def _record_compile(findings: Findings, outcome: Outcome) -> bool:
   return outcome.returncode == 0
 
 
+def _record_refusals(findings: Findings, outcome: Outcome) -> bool:
+  """Passes where every tap of ours compiled."""
+  findings.refusals = outcome.stdout
+  return outcome.returncode == 0 and not any(
+      ", tap " in line and "refused" in line
+      for line in outcome.stdout.splitlines() if ", with {" not in line)
+
+
 # What each measuring step's or the compile cases' output means: their
 # check passed or not, and what they found.
 RECORDERS: Dict[str, Callable[[Findings, Outcome], bool]] = {
     "hardware": _record_hardware, "timings": _record_timings,
-    "bench": _record_bench, "compile": _record_compile}
+    "bench": _record_bench, "compile": _record_compile,
+    "refusals": _record_refusals}
 TEST_GROUPS = ("gpu-tests", "suite")
 
 
@@ -338,6 +348,10 @@ def report(findings: Findings) -> str:
   lines += ["", "Another thread's JAX work while a host function blocks a "
             "launch (`python -m tools.gpu.compile_during_call`):", ""]
   lines += ([f"    {line}" for line in findings.blocked.splitlines()]
+            or ["    (not run)"])
+  lines += ["", "A tap of a reduction of the returned product "
+            "(`python -m tools.gpu.compile_refusals`):", ""]
+  lines += ([f"    {line}" for line in findings.refusals.splitlines()]
             or ["    (not run)"])
   lines += ["", "Hardware (tools/gpu/hardware, CUDA C++, same machine):", ""]
   lines += ([f"    {line}" for line in findings.hardware]

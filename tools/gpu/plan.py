@@ -36,6 +36,8 @@ COMPILE_AT_A_TIME = 26
 # Where the hung compile cases' whole native stacks go (the report has
 # them grouped).
 COMPILE_STACKS = "gpu_compile_stacks"
+# Where XLA's per-pass dumps of a refused compile go.
+REFUSAL_DUMPS = "gpu_refusal_dumps"
 
 # tools.bench's scenarios (by id) that the GPU targets name: a jitted step
 # with one tap or call from a Python loop, a tap and a call per step of a
@@ -77,13 +79,13 @@ def _measuring_steps(options: Options) -> List[Step]:
   python = options.python
   steps = [Step("hardware", "hardware figures (tools.gpu.hardware)",
                 _module(python, "tools.gpu.hardware", "--programs",
-                        options.hardware), 90, 15, measures=True)]
+                        options.hardware), 90, 12, measures=True)]
   steps += [Step("timings", f"timing case {case} (fresh process)",
                  _module(python, "tools.gpu.timings", "--case", case), 40, 8,
                  measures=True) for case in options.timing_cases]
   steps.append(Step("bench", "tools.bench GPU rows",
                     _module(python, "tools.bench", "--quick", "--only",
-                            GPU_BENCH_ROWS), 120, 70, measures=True))
+                            GPU_BENCH_ROWS), 120, 50, measures=True))
   return steps
 
 
@@ -96,7 +98,7 @@ def _test_steps(options: Options) -> List[Step]:
       python, suite.suite_paths(missing), options.workers, missing,
       ignore=suite.GPU_TESTS)
   return [Step("gpu-tests", f"GPU tests ({', '.join(suite.GPU_TESTS)})",
-               tuple(gpu_tests), 150, 40),
+               tuple(gpu_tests), 150, 25),
           # All of it took 219 s in 12 processes on an H200.
           Step("suite", "suite, GPU default backend", tuple(rest),
                options.suite_seconds, 220)]
@@ -112,14 +114,19 @@ def plan(options: Options) -> List[Step]:
       "compile", "compiling during a call (tools.gpu.compile_during_call)",
       _module(python, "tools.gpu.compile_during_call", "--wait",
               str(COMPILE_WAIT_SECONDS), "--at-a-time",
-              str(COMPILE_AT_A_TIME), "--stacks", COMPILE_STACKS), 75, 40,
+              str(COMPILE_AT_A_TIME), "--stacks", COMPILE_STACKS), 75, 25,
       reserved=True)
   soak = Step("soak", f"soak: 4 threads of taps for {SOAK_SECONDS} s, "
               "nothing lost or reordered",
               _module(python, "tools.soak", "--seconds", str(SOAK_SECONDS),
                       "--threads", "4", "--transport", "native"), 40, 25,
               reserved=True)
-  return ([runtime] + _measuring_steps(options) + [compile_cases]
+  refusals = Step(
+      "refusals", "a tap of a reduction of the returned product compiles "
+      "(tools.gpu.compile_refusals)",
+      _module(python, "tools.gpu.compile_refusals", "--dump",
+              REFUSAL_DUMPS), 60, 20)
+  return ([runtime] + _measuring_steps(options) + [compile_cases, refusals]
           + _test_steps(options) + [soak])
 
 
@@ -130,6 +137,7 @@ GROUPS: Dict[str, str] = {
     "timings": "tools.gpu.timings, each case in a fresh process",
     "bench": "tools.bench's rows that the targets name",
     "compile": "tools.gpu.compile_during_call",
+    "refusals": "tools.gpu.compile_refusals",
     "gpu-tests": ", ".join(suite.GPU_TESTS),
     "suite": "the rest of the suite, cut at its cap",
     "soak": "tools.soak, 4 threads on the native transport"}
