@@ -809,11 +809,13 @@ def mark_module(ctx: Any, *, root_kept: bool) -> None:
     attributes[_ROOT_UNKEPT_MARK] = _ir.UnitAttr.get()
 
 
-def _install_compile_retry(compile_ours: Callable[..., Any]) -> None:
+def _install_compile_retry(compile_ours: Callable[..., Any],
+                           watching: Callable[[str], Any]) -> None:
   """Compiles a module marked by `mark_module` through
   `compile_ours(compile_with, platform=, root_kept=)`, where
   `compile_with(options)` compiles it with the (name, value) compiler
-  options `options` added to the jit's."""
+  options `options` added to the jit's; every compile in the context
+  `watching(platform)`."""
   compile_ = _pxla._cached_compilation
   if getattr(compile_, "_host_callback_retry", False):
     return
@@ -828,10 +830,11 @@ def _install_compile_retry(compile_ours: Callable[..., Any]) -> None:
                       tuple(compiler_options_kvs) + tuple(options),
                       pgle_profiler)
     marks = computation.operation.attributes
-    if _MODULE_MARK not in marks:
-      return compile_with(())
-    return compile_ours(compile_with, platform=backend.platform,
-                        root_kept=_ROOT_UNKEPT_MARK not in marks)
+    with watching(backend.platform):
+      if _MODULE_MARK not in marks:
+        return compile_with(())
+      return compile_ours(compile_with, platform=backend.platform,
+                          root_kept=_ROOT_UNKEPT_MARK not in marks)
 
   compile_marked._host_callback_retry = True  # type: ignore[attr-defined]
   _pxla._cached_compilation = compile_marked
@@ -854,22 +857,25 @@ PATCHES = (
      "0.10.2, 0.12.0.1"),
     ("jax._src.interpreters.pxla._cached_compilation (wrapped)",
      "a computation with our ops that XLA refuses to compile is compiled "
-     "once more with options that avoid the refusal (compile_retry.py)",
+     "once more with options that avoid the refusal (compile_retry.py); "
+     "a compile that one of our host functions starts on a GPU and that "
+     "runs long is reported (compile_watch.py)",
      "0.10.2, 0.11.2, 0.12.0.1"),
 )
 
 
 def install_patches(rewrite: Callable[[Any], Any],
                     applies: Callable[[Any], bool],
-                    compile_ours: Callable[..., Any]) -> None:
+                    compile_ours: Callable[..., Any],
+                    watching: Callable[[str], Any]) -> None:
   """Installs every patch that PATCHES lists, once: the top-level rewrite
   (`rewrite` of each jit's top-level jaxpr for which `applies` holds), the
   scan hoisting guard, the while lowering and the compile retry (through
-  `compile_ours`, see `_install_compile_retry`)."""
+  `compile_ours` and `watching`, see `_install_compile_retry`)."""
   _install_top_level_rewrite(rewrite, applies)
   _install_scan_hoisting_guard()
   _install_while_lowering()
-  _install_compile_retry(compile_ours)
+  _install_compile_retry(compile_ours, watching)
 
 
 __all__ = [

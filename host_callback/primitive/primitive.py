@@ -17,7 +17,7 @@ import jax
 from jax.extend.core import Primitive
 
 from .. import _jax_adapter as adapter
-from . import compile_retry, eager, lowering, ordering
+from . import compile_retry, compile_watch, eager, lowering, ordering
 from .. import settings
 from .._jax_adapter import ad, batching, mlir
 from ..host import host_functions
@@ -231,9 +231,10 @@ adapter.register_partial_eval_custom_rule(host_callback_p, _partial_eval_custom)
 
 # Every patch of JAX's internals (_jax_adapter.PATCHES): the ordering
 # token's top-level scope, taps in a batched while predicate, taps that stay
-# in loops under grad, compiling again what XLA refused.
+# in loops under grad, compiling again what XLA refused, the watchdog of a
+# compile that a host function starts on a GPU.
 adapter.install_patches(ordering.scoped, ordering.needs_scope,
-                        compile_retry.compile_ours)
+                        compile_retry.compile_ours, compile_watch.watching)
 
 
 # --- lowering: where the op runs, then the transport's op (lowering.py) ---

@@ -1,0 +1,57 @@
+"""A watchdog for compiles that a host function starts on a GPU.
+
+While a computation on a GPU runs one of our host functions, the launching
+thread holds XLA's shared lock on that GPU (`RunGpuAsync`). A compile that
+autotunes profiles its candidates with the GPU to itself, so it waits for
+that computation, which waits for the host function that is compiling: a
+deadlock, silent (docs/gpu.md, "Compiling in a host function"). The
+package cannot give the lock back while a `call` waits for its result; it
+can say what is happening and how to avoid it.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import logging
+import threading
+from typing import Iterator
+
+from ..receiver.consumer_threads import in_consumer_thread
+
+# The platforms whose compiles can wait for a running computation.
+WATCHED_PLATFORMS = frozenset({"cuda", "rocm", "gpu"})
+# How long a compile started in a host function runs before the warning;
+# longer than a small function's autotuning takes.
+WARN_AFTER_SECONDS = 10.0
+
+MESSAGE = (
+    "host_callback: a host function has been compiling a JAX function for "
+    "the {platform} for {seconds:.0f} s while the computation that runs it "
+    "waits for it. This is likely a deadlock: XLA's autotuner needs the "
+    "GPU to itself and waits for that computation, which waits for this "
+    "host function. Compile the function before the computation runs (call "
+    "it once, or jax.jit(f).lower(...).compile()), or compile it with "
+    "jax.jit(f, compiler_options={{'xla_gpu_autotune_level': 0}}), or set "
+    "XLA_FLAGS=--xla_gpu_autotune_level=0.")
+
+
+@contextlib.contextmanager
+def watching(platform: str) -> Iterator[None]:
+  """Warns once if the compile in the block, started by one of our host
+  functions for `platform` (a GPU), runs longer than WARN_AFTER_SECONDS."""
+  if platform not in WATCHED_PLATFORMS or not in_consumer_thread():
+    yield
+    return
+  seconds = WARN_AFTER_SECONDS
+  timer = threading.Timer(seconds, _warn, args=(platform, seconds))
+  timer.daemon = True
+  timer.start()
+  try:
+    yield
+  finally:
+    timer.cancel()
+
+
+def _warn(platform: str, seconds: float) -> None:
+  logging.getLogger("host_callback").warning(
+      MESSAGE.format(platform=platform, seconds=seconds))

@@ -1,0 +1,56 @@
+"""The watchdog of a compile that a host function starts on a GPU, where it
+can deadlock (docs/gpu.md, "Compiling in a host function"): after a while
+it says why and what to do. On CPU nothing deadlocks, so these tests watch
+the CPU, with no delay."""
+
+import logging
+
+import jax
+import jax.numpy as jnp
+import pytest
+
+import host_callback as hcb
+from host_callback.primitive import compile_watch
+
+from helpers import wait_until
+
+
+@pytest.fixture
+def watched_cpu(monkeypatch, caplog):
+  monkeypatch.setattr(compile_watch, "WATCHED_PLATFORMS", frozenset({"cpu"}))
+  monkeypatch.setattr(compile_watch, "WARN_AFTER_SECONDS", 0.0)
+  caplog.set_level(logging.WARNING, logger="host_callback")
+  return caplog
+
+
+def _warnings(caplog):
+  return [r.getMessage() for r in caplog.records
+          if "has been compiling a JAX function" in r.getMessage()]
+
+
+def _fresh_function():
+  """A function never compiled before, long enough to compile for the
+  timer to fire first."""
+  return jax.jit(lambda v: sum(jnp.sin(v * i) for i in range(40)))
+
+
+def test_a_long_compile_in_a_call_names_the_deadlock_and_the_ways_out(
+    watched_cpu):
+  def host(a):
+    return a + 0 * _fresh_function()(a)
+
+  out = jax.jit(lambda v: hcb.call(host, v, result_shape=v))(jnp.float32(2))
+  assert float(out) == 2.
+  assert wait_until(lambda: _warnings(watched_cpu), timeout=10)
+  message = _warnings(watched_cpu)[0]
+  assert message.startswith(
+      "host_callback: a host function has been compiling a JAX function "
+      "for the cpu for 0 s while the computation that runs it waits for it.")
+  assert "jax.jit(f).lower(...).compile()" in message
+  assert "compiler_options={'xla_gpu_autotune_level': 0}" in message
+  assert "XLA_FLAGS=--xla_gpu_autotune_level=0" in message
+
+
+def test_a_compile_outside_host_functions_is_not_watched(watched_cpu):
+  _fresh_function()(jnp.float32(2)).block_until_ready()
+  assert _warnings(watched_cpu) == []
