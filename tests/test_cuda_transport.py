@@ -56,7 +56,8 @@ def test_cuda_host_side(standin, scenario):
   larger than the bound pin no new memory after the first; exit_pending:
   the interpreter exits with copies pending; buffers: a buffers=True call
   on the GPU's own buffers (exports, stream=, out=, a result copied on
-  the device, errors) and behind a tap in flight."""
+  the device, errors), and behind taps in flight: after them, on the
+  GPU's buffers and stream."""
   env = dict(os.environ, HOST_CALLBACK_ALLOW_CUDA_STANDIN="1",
              JAX_PLATFORMS="cpu")
   done = subprocess.run(

@@ -154,6 +154,11 @@ class DeviceQueue {
   // a host function run on it when nothing is queued or being consumed, or
   // deepens its own claim; false when it may not.
   bool ClaimIfIdle();
+  // ClaimIfIdle for a direct run that must follow what its device sent
+  // before it (a GPU's buffers=True call behind taps in flight): waits up
+  // to `timeout` for the queue to become idle (hurrying the consumer), and
+  // claims it then; false when it did not.
+  bool ClaimWhenIdle(std::chrono::microseconds timeout);
   // Ends one level of the calling thread's claim; the last one releases
   // the queue, and the consumer takes again. Does nothing on a thread that
   // holds no claim.
@@ -277,12 +282,23 @@ class DeviceQueue {
     if (claim_depth_++ == 0) claim_owner_ = std::this_thread::get_id();
     claim_active_ = true;
   }
+  // Under `mu_`: whether a direct run on the calling thread may claim the
+  // queue (ClaimIfIdle).
+  bool IdleForThisThread() const {
+    if (claim_depth_ > 0 && claim_owner_ != std::this_thread::get_id()) {
+      return false;
+    }
+    // Finished counts lag until the consumer's next Take: a consumer between
+    // batches still counts as busy, so order with queued packets holds.
+    return enqueued_ == finished_;
+  }
   // Under `mu_`: the last claim ends; the consumer takes again, at once if
-  // packets arrived meanwhile.
+  // packets arrived meanwhile, and a thread in ClaimWhenIdle looks again.
   void ReleaseClaim() {
     claim_depth_ = 0;
     claim_owner_ = std::thread::id();
     claim_active_ = false;
+    if (finish_waiters_ > 0) changed_.notify_all();
     if (unread_ > 0) {
       hurry_ = true;
       WakeConsumer();
@@ -301,7 +317,8 @@ class DeviceQueue {
 
   std::mutex mu_;
   std::condition_variable not_empty_;  // the consumer waits on it
-  std::condition_variable changed_;    // senders and finish-waiters wait on it
+  // Senders, finish-waiters and ClaimWhenIdle wait on it.
+  std::condition_variable changed_;
   // Front: the chunk being read from `read_offset_`; back: being written.
   std::deque<std::unique_ptr<Chunk>> chunks_;
   // The header of the next packet waiting in a chunk, as NextTapSite and
@@ -323,7 +340,7 @@ class DeviceQueue {
   // finish-waiter waits, or the last batch left a backlog (Take sets it to
   // whether unread bytes remain).
   bool hurry_ = false;
-  int finish_waiters_ = 0;             // threads in WaitFinished
+  int finish_waiters_ = 0;  // threads in WaitFinished or ClaimWhenIdle
   bool expect_request_ = false;        // the last batch held one: spin first
   // The claim, a direct run's (DirectRuns) or a guest's (TakeAsGuest),
   // nested `claim_depth_` deep in `claim_owner_`: the consumer takes

@@ -82,12 +82,24 @@ void DeviceQueue::EndGuest() {
 
 bool DeviceQueue::ClaimIfIdle() {
   std::lock_guard<std::mutex> lock(mu_);
-  if (claim_depth_ > 0 && claim_owner_ != std::this_thread::get_id()) {
-    return false;
+  if (!IdleForThisThread()) return false;
+  Claim();
+  return true;
+}
+
+bool DeviceQueue::ClaimWhenIdle(std::chrono::microseconds timeout) {
+  std::unique_lock<std::mutex> lock(mu_);
+  if (!IdleForThisThread()) {
+    ++finish_waiters_;  // packets pushed meanwhile hurry the consumer
+    if (unread_ > 0) {
+      hurry_ = true;
+      WakeConsumer();
+    }
+    const bool idle = changed_.wait_for(
+        lock, timeout, [&] { return IdleForThisThread(); });
+    --finish_waiters_;
+    if (!idle) return false;
   }
-  // Finished counts lag until the consumer's next Take: a consumer between
-  // batches still counts as busy, so order with queued packets holds.
-  if (enqueued_ != finished_) return false;
   Claim();
   return true;
 }

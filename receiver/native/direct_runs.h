@@ -7,10 +7,15 @@
 // it (Suspension). Requests made on a device's consumer thread are served
 // there by the NestedConsumer.
 //
-// Device threads call TryRun and Suspension; the extension module sets the
-// hooks with the GIL (atomics). The claim is the DeviceQueue's
-// (ClaimIfIdle, EndClaim, SuspendClaim, ResumeClaim), and so is whether a
-// thread is its consumer (ConsumingOnThisThread).
+// A GPU's buffers=True call cannot go through the queue (its buffers exist
+// only on the device thread): behind packets its device sent before it, it
+// waits for them to be consumed and then runs directly (RunAfterQueued).
+//
+// Device threads call TryRun, RunAfterQueued and Suspension; the extension
+// module sets the hooks with the GIL (atomics). The claim is the
+// DeviceQueue's (ClaimIfIdle, ClaimWhenIdle, EndClaim, SuspendClaim,
+// ResumeClaim), and so is whether a thread is its consumer
+// (ConsumingOnThisThread).
 
 #ifndef HOST_CALLBACK_RECEIVER_NATIVE_DIRECT_RUNS_H_
 #define HOST_CALLBACK_RECEIVER_NATIVE_DIRECT_RUNS_H_
@@ -23,6 +28,7 @@
 #include "device_queue.h"
 #include "interrupts.h"
 #include "packet.h"
+#include "receiver_link.h"
 #include "status.h"
 
 namespace hcb {
@@ -82,8 +88,10 @@ using GuestConsumer = GuestOutcome (*)(int64_t device_id);
 
 class DirectRuns {
  public:
-  // A direct run interrupted on Python's main thread re-arms Ctrl-C there.
-  explicit DirectRuns(Interrupts* interrupts) : interrupts_(interrupts) {}
+  // A direct run interrupted on Python's main thread re-arms Ctrl-C there;
+  // RunAfterQueued waits with a receiver (`receiver`).
+  DirectRuns(Interrupts* interrupts, ReceiverLink* receiver)
+      : interrupts_(interrupts), receiver_(receiver) {}
 
   // With a runner, a request whose queue is idle runs on the device thread.
   void set_runner(DirectRunner runner) {
@@ -112,6 +120,15 @@ class DirectRuns {
   // queue).
   bool TryRun(DeviceQueue* queue, const DirectRequest& request,
               Status* status);
+  // Runs `request` directly once every packet sent before it on `queue`
+  // was consumed (a GPU's buffers=True call behind taps in flight or
+  // queued): waits until the queue is idle, then runs it as TryRun does.
+  // Ctrl-C, or no receiver to consume them, ends the wait with `*status`
+  // the error (true). False when it did not run: no runner, the runner
+  // declined, or the calling thread is the queue's consumer (which would
+  // wait for itself); the request then goes through the queue.
+  bool RunAfterQueued(DeviceQueue* queue, const DirectRequest& request,
+                      Status* status);
 
   // While a direct run's own thread waits for the consumer (a host function
   // that runs JAX code with a request on its device), the consumer may take.
@@ -128,10 +145,16 @@ class DirectRuns {
   };
 
  private:
+  // Runs `request` with `runner` on `queue`, which the calling thread has
+  // claimed, and ends that claim; false when the runner declined.
+  bool RunClaimed(DirectRunner runner, DeviceQueue* queue,
+                  const DirectRequest& request, Status* status);
+
   std::atomic<DirectRunner> runner_{nullptr};
   std::atomic<NestedConsumer> nested_consumer_{nullptr};
   std::atomic<GuestConsumer> guest_consumer_{nullptr};
   Interrupts* const interrupts_;
+  ReceiverLink* const receiver_;
 };
 
 }  // namespace hcb

@@ -10,7 +10,7 @@ namespace hcb {
 Hub::Hub()
     : pool_(&allocator_, kDefaultQueueBound),
       calls_(&interrupts_, &receiver_),
-      direct_runs_(&interrupts_) {}
+      direct_runs_(&interrupts_, &receiver_) {}
 
 Hub& Hub::Get() {
   // Never destroyed: device threads may outlive the interpreter.
@@ -184,7 +184,8 @@ bool Hub::CudaBuffersCall(int64_t ordinal, void* stream, int64_t site,
                           Status* status) {
   if (!sites_.TakesBuffers(site)) return false;
   const int64_t queue_id = CudaQueueId(ordinal);
-  return direct_runs_.TryRun(
+  // Its buffers exist only here: behind taps, it waits for them.
+  return direct_runs_.RunAfterQueued(
       Queue(queue_id),
       DirectRequest{queue_id, site, arrays, num_arrays, outputs, num_outputs,
                     ordinal, stream},

@@ -80,9 +80,10 @@ class Hub {
   Status CudaSend(int64_t ordinal, void* stream, int64_t site,
                   const Span* arrays, size_t num_arrays);
   // A call from GPU `ordinal`: a buffers=True site's runs directly on the
-  // GPU's buffers and `stream` when the queue is idle (CudaBuffersCall);
-  // otherwise its arguments are copied in (waiting for that copy only),
-  // the request made as Call makes it, its results copied out.
+  // GPU's buffers and `stream`, after the taps sent before it
+  // (CudaBuffersCall); any other call's arguments are copied in (waiting
+  // for that copy only), the request made as Call makes it, its results
+  // copied out.
   Status CudaCall(int64_t ordinal, void* stream, int64_t site,
                   const Span* arrays, size_t num_arrays, const Span* outputs,
                   size_t num_outputs);
@@ -102,16 +103,18 @@ class Hub {
     std::lock_guard<std::mutex> lock(mu_);
     for (auto& entry : queues_) visit(*entry.second);
   }
-  // A request made on its device's consumer thread, inside a host function:
-  // queued, and served by this thread (the NestedConsumer) after what the
-  // device sent before it.
   // A buffers=True site's call from GPU `ordinal` run directly on the
-  // device's buffers, when its queue is idle (no tap in flight or waiting,
-  // so the order holds); false when it did not run.
+  // device's buffers, once its queue is idle (the taps sent before it
+  // landed and were consumed: the order holds); false when it did not run
+  // (DirectRuns::RunAfterQueued: no runner, or a sub-byte dtype, or made
+  // on the GPU's consumer thread), and it then takes the copies.
   bool CudaBuffersCall(int64_t ordinal, void* stream, int64_t site,
                        const Span* arrays, size_t num_arrays,
                        const Span* outputs, size_t num_outputs,
                        Status* status);
+  // A request made on its device's consumer thread, inside a host function:
+  // queued, and served by this thread (the NestedConsumer) after what the
+  // device sent before it.
   Status CallOnConsumer(int64_t device_id, DeviceQueue* queue, int64_t site,
                         const Span* arrays, size_t num_arrays,
                         const Span* outputs, size_t num_outputs);

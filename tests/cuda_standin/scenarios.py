@@ -445,8 +445,8 @@ def buffers(standin):
   the stream, `stream=`, out= filled in place (no copy at all), a returned
   GPU array copied on the device (on its stream, or after waiting for a
   foreign one), and the errors: a result not on the GPU or of another
-  dtype, a kept buffer. Behind a tap in flight, the call takes the copies'
-  path, after the tap."""
+  dtype, a kept buffer. Behind taps in flight, it waits for them and runs
+  on the GPU's buffers after them."""
   argument = np.arange(6, dtype=np.float32)
   copies = standin.calls("cudaMemcpyAsync")
   pinned = standin.calls("cudaHostAlloc")
@@ -476,7 +476,7 @@ def buffers(standin):
   assert standin.calls("cudaMemcpyAsync") == copies + 2  # one D2D each
   assert standin.violations() == 0
   buffers_errors(standin, argument)
-  buffers_behind_a_tap(standin, argument)
+  buffers_behind_taps(standin, argument)
 
 
 def buffers_errors(standin, argument):
@@ -509,22 +509,54 @@ def buffers_errors(standin, argument):
     raise AssertionError("a kept GPU buffer did not fail the call")
 
 
-def buffers_behind_a_tap(standin, argument):
-  """A tap not consumed yet: the call is queued behind it, on host copies."""
+def buffers_behind_taps(standin, argument):
+  """Taps in flight before a buffers=True call: the call waits until they
+  are consumed (their copies landed, the receiver ran and released them),
+  then runs on the GPU's buffers with the stream, after them."""
   RUNS.clear()
+  events = []
   standin.hold(True)
-  tap(standin, [np.array([5], np.int64)])
+  for i in range(3):
+    tap(standin, [np.array([i], np.int64)])
   result = np.zeros(6, np.float32)
+
+  def double(x, *, out, stream):
+    events.append(("call", type(x).__name__, type(out).__name__, stream))
+    gpu_view(out)[...] = gpu_view(x) * 2
+
   caller = threading.Thread(target=buffers_call, args=(
-      standin, lambda x: x, argument, result))
+      standin, double, argument, result))
   caller.start()
+  time.sleep(0.2)
+  assert caller.is_alive() and events == []  # the taps are in flight
   standin.hold(False)
-  wait_until(lambda: queue_stats()[1] == 2)  # the request behind the tap
-  packets = take_n(2)
-  native.reply(packets[1][1], [np.full(6, 7, np.float32)])
+  index = np.zeros((64, 6), np.int64)
+  dst = np.zeros(1 << 16, np.uint8)
+  deadline = time.monotonic() + 10
+  while sum(event[0] == "tap" for event in events) < 3:
+    assert time.monotonic() < deadline, events
+    count, _ = native.take(QUEUE_BASE, 0.2, dst.ctypes.data, dst.nbytes,
+                           index.ctypes.data, 64, 0, 0)
+    for _, _, request, size, block, address in index[:count]:
+      if request:  # the call was queued: answered, so that it returns
+        events.append(("request",))
+        native.reply(int(request), [np.zeros(6, np.float32)])
+        continue
+      events.append(("tap", value(ctypes.string_at(int(address),
+                                                   int(size)))))
+      native_memory.return_block(int(block))
+    time.sleep(0.05)  # still consuming: the call waits
+    events.append(("released", count))
+    native.release(QUEUE_BASE, count, int(index[:count, 3].sum()))
   caller.join(10)
-  assert value(packets[0][2]) == 5 and packets[1][1] != 0 and RUNS == []
-  np.testing.assert_array_equal(result, np.full(6, 7, np.float32))
+  assert not caller.is_alive()
+  taps = [event for event in events if event[0] == "tap"]
+  assert taps == [("tap", 0), ("tap", 1), ("tap", 2)], events
+  assert events[-2][0] == "released" and events[-1] == (
+      "call", "CudaBuffer", "CudaBuffer", standin.stream), events
+  assert RUNS == ["CudaBuffer"], RUNS
+  np.testing.assert_array_equal(result, argument * 2)
+  assert standin.violations() == 0
 
 
 SCENARIOS = {f.__name__: f for f in (order, bound, failures, barrier, stop,
