@@ -74,6 +74,10 @@ def test_a_host_array_returned_is_refused_naming_result_shape():
     jax.jit(lambda v: hcb.call(lambda a: np.ones(4, np.float32), v,
                                result_shape=v, buffers=True))(
                                    x).block_until_ready()
+  # The outfeed mode (a GPU's only one) reports it again at the barrier,
+  # as tests/test_buffers.py's `_fails` checks on CPU.
+  with pytest.raises(hcb.CallbackException, match="result_shape"):
+    hcb.barrier_wait()
 
 
 def test_a_raising_host_function_fails_with_its_traceback():
@@ -85,3 +89,5 @@ def test_a_raising_host_function_fails_with_its_traceback():
     jax.jit(lambda v: hcb.call(broken, v, result_shape=v, buffers=True))(
         x).block_until_ready()
   assert "in broken" in str(raised.value)
+  with pytest.raises(hcb.CallbackException, match="from the GPU's buffers"):
+    hcb.barrier_wait()  # reported again in the outfeed mode, as on CPU
