@@ -16,6 +16,18 @@ import host_callback as hcb
 from helpers import cpu_devices, needs_cpu_default_backend, synchronous
 
 
+@pytest.fixture(autouse=True)
+def _on_a_cpu():
+  """These tests are about host buffers: their computations run on a CPU
+  device whatever the default backend is (a GPU's buffers are
+  test_gpu_buffers.py's). Set globally, so that the arrays host functions
+  make on receiver threads are on the CPU too."""
+  previous = jax.config.jax_default_device
+  jax.config.update("jax_default_device", cpu_devices(1)[0])
+  yield
+  jax.config.update("jax_default_device", previous)
+
+
 def _buffers_call(host, x, result_shape=None):
   return hcb.call(host, x, result_shape=x if result_shape is None
                   else result_shape, buffers=True)
