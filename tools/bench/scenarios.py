@@ -115,14 +115,17 @@ def _scan(scale: int, repeat: int) -> List[Scenario]:
 
 def _floors(steps: int, repeat: int) -> List[Scenario]:
   """The floors of a tap in a scan step (`floors.py`), over the bare scan,
-  in turns with it (4 x `repeat` each); no row where the native module is
-  not built."""
+  in turns with it (4 x `repeat` each), both on the first CPU device
+  whatever the default backend (the floors' targets are XLA CPU's); no row
+  where the native module is not built."""
   def measure(kind: str) -> Measure:
     def values(transports: Sequence[str]) -> Values:
       del transports  # no host_callback in them
       op = floors.step_op(kind)
-      return {} if op is None else over_bare_scan({"floor": op}, steps,
-                                                  4 * repeat)
+      if op is None:
+        return {}
+      with jax.default_device(jax.devices("cpu")[0]):
+        return over_bare_scan({"floor": op}, steps, 4 * repeat)
     return values
   return [Scenario(f"scan-floor-{kind}", f"floor: {what}, per step of a "
                    f"{steps}-step scan, over the bare scan", "µs",
