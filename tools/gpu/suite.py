@@ -59,7 +59,9 @@ GPU_TESTS = ("tests/test_gpu.py", "tests/test_gpu_buffers.py",
 FIRST = ("tests/test_lifetime.py", "tests/test_interrupts.py",
          "tests/test_load.py", "tests/test_errors.py", "tests/test_native.py",
          "tests/test_transformations.py")
-PER_TEST_SECONDS = 120
+# A test's limit: the suite's own (setup.cfg); at 120 s the million taps
+# ran past it on the H200 with 12 processes sharing the GPU.
+PER_TEST_SECONDS = 300
 
 
 def importable(package: str) -> bool:
