@@ -10,7 +10,8 @@ without the taps, then with them on each transport and in each mode; it
 must compile whenever the untapped one does, and return the same values:
 bitwise, or, where observing an intermediate makes XLA fuse a reduction
 differently, within float32 reassociation (each output within 1e-5 of its
-largest magnitude).
+largest magnitude). Products and convolutions run at the "highest"
+precision, full float32 on a GPU too.
 
     python -m tools.compile_fuzz [--seeds 200] [--start 0] [--verbose]
 
@@ -352,10 +353,16 @@ class Outcome:
 
 
 def _compile_and_run(program: Program, observe: Observe) -> Any:
-  fun = program.build(observe)
-  if not program.pmapped:
-    fun = jax.jit(fun)
-  out = fun(*program.args)
+  """`program`'s values, its products and convolutions in full float32: a
+  GPU's default precision (TF32 on NVIDIA's) would set the tapped and
+  untapped programs apart by more than reassociation where XLA fuses them
+  differently. On CPU, where they are float32 anyway, the compiled
+  programs are the same."""
+  with jax.default_matmul_precision("highest"):
+    fun = program.build(observe)
+    if not program.pmapped:
+      fun = jax.jit(fun)
+    out = fun(*program.args)
   hcb.barrier_wait()
   return jax.tree_util.tree_map(np.asarray, out)
 
