@@ -14,6 +14,7 @@ import pytest
 import host_callback as hcb
 import host_callback.loops as tap
 from host_callback.loops import collectors
+from helpers import cpu_devices
 
 
 def nested(x0, xs):
@@ -158,7 +159,11 @@ def test_a_warning_ends_an_error_message_with_one_period():
                     "<class 'tuple'> at position 0.")
 
   f = lambda x: jax.lax.scan(lambda c, _: (c + 1, None), x, None, length=2)  # noqa: E731
-  with pytest.warns(UserWarning) as caught:
+  # On a CPU device, whatever the default backend: its taps run in the
+  # synchronous mode (conftest.py), so the alert warns before the call
+  # returns (elsewhere only at a later barrier, outside this block).
+  with pytest.warns(UserWarning) as caught, \
+       jax.default_device(cpu_devices(1)[0]):
     tap.verbose(f, alert=alert)(0)
   assert str(caught[0].message) == (
       "host_callback.loops: alert raised TypeError: isfinite requires "
