@@ -18,7 +18,7 @@ import threading
 from types import ModuleType
 from typing import Any, Callable, Dict, Optional, Sequence, Tuple
 
-ABI_VERSION = 31
+ABI_VERSION = 30
 
 
 def _load() -> Optional[ModuleType]:
@@ -222,18 +222,16 @@ def idle_barrier(wait: Callable[[Optional[str]], None],
   return native.idle_barrier(wait, logs, doc, module)
 
 
-def plain_tap(func: Callable[..., Any], transforms: Any,
-              failed: Callable[[int], None],
-              device_kwargs: Optional[Callable[[int], Dict[str, Any]]] = None
+def plain_tap(func: Callable[[Any, Any], Any], transforms: Any,
+              failed: Callable[[int], None]
               ) -> Optional[Callable[[Sequence[Any], int], Any]]:
   """A tap's consumer in C, `consumer(arrays, device_id)`: calls
-  `func(arrays[0], transforms)` (with `**device_kwargs(device_id)`, made
-  once per device, where given), and on an exception `failed(device_id)`
+  `func(arrays[0], transforms)`, and on an exception `failed(device_id)`
   before it goes on (native/python_plain_tap.h), which the native runners
   call with no Python frame between; None where the module is not
   built."""
   return None if native is None else native.plain_tap(func, transforms,
-                                                       failed, device_kwargs)
+                                                       failed)
 
 
 def taken_runner() -> Optional[Callable[..., None]]:

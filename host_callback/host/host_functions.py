@@ -412,18 +412,13 @@ def _tap_consumer(function: TapParams, transforms: Transforms,
   func = function.func
   argument = _argument_builder(function.arg_treedef)
   unpacked = unpack_transforms(transforms)
-  if (function.arg_treedef == _ONE_ARRAY and not function.with_shard and
-      function.shard_table is None):
+  if not (function.with_device or function.with_shard):
     # One array: the native runners call `func` itself, with no frame of
-    # ours between (where the native module is built); `device=` made once
-    # per device (the progress bars' taps take it).
-    in_c = transport_native.plain_tap(
-        func, unpacked, _tap_failed,
-        (lambda device_id: {"device": device_by_number(device_id)})
-        if function.with_device else None)
+    # ours between (where the native module is built).
+    in_c = (transport_native.plain_tap(func, unpacked, _tap_failed)
+            if function.arg_treedef == _ONE_ARRAY else None)
     if in_c is not None:
       return in_c
-  if not (function.with_device or function.with_shard):
 
     def tap(arrays: Sequence[np.ndarray], device_id: int) -> None:
       try:

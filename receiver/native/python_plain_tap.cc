@@ -14,49 +14,21 @@ struct PlainTap {
   // Owned references, in this order (Fields).
   PyObject* func;
   PyObject* transforms;
-  PyObject* failed;          // failed(device_id)
-  PyObject* device_kwargs;   // device_kwargs(device_id) -> dict, or None
-  PyObject* kwargs_by_device;  // device_kwargs' results by device_id
+  PyObject* failed;  // failed(device_id)
 };
 
-constexpr int kPlainTapFields = 5;
+constexpr int kPlainTapFields = 3;
 
 PyObject** Fields(PlainTap* tap) { return &tap->func; }
 
 PyTypeObject* PlainTapType = nullptr;
 
-// The keyword arguments of a tap on `device_id` (a borrowed reference,
-// kept in `kwargs_by_device`), or null with the exception set.
-PyObject* KwargsOf(PlainTap* tap, PyObject* device_id) {
-  PyObject* kwargs = PyDict_GetItemWithError(tap->kwargs_by_device, device_id);
-  if (kwargs != nullptr || PyErr_Occurred()) return kwargs;
-  PyObject* made = CallOne(tap->device_kwargs, device_id);
-  if (made == nullptr) return nullptr;
-  const int stored = PyDict_SetItem(tap->kwargs_by_device, device_id, made);
-  Py_DECREF(made);  // the dict keeps it
-  return stored < 0 ? nullptr : made;
-}
-
-// `func(arrays[0], transforms[, **device_kwargs(device_id)])`.
-PyObject* CallFunc(PlainTap* tap, PyObject* arg, PyObject* device_id) {
-  if (tap->device_kwargs == Py_None) {
-    return PyObject_CallFunctionObjArgs(tap->func, arg, tap->transforms,
-                                        nullptr);
-  }
-  PyObject* kwargs = KwargsOf(tap, device_id);
-  if (kwargs == nullptr) return nullptr;
-  PyObject* args = PyTuple_Pack(2, arg, tap->transforms);
-  if (args == nullptr) return nullptr;
-  PyObject* result = PyObject_Call(tap->func, args, kwargs);
-  Py_DECREF(args);
-  return result;
-}
-
-// CallFunc; on an exception, `failed(device_id)` first.
+// `func(arrays[0], transforms)`; on an exception, `failed(device_id)` first.
 PyObject* Run(PlainTap* tap, PyObject* arrays, PyObject* device_id) {
   PyObject* arg = PySequence_GetItem(arrays, 0);
   if (arg == nullptr) return nullptr;
-  PyObject* result = CallFunc(tap, arg, device_id);
+  PyObject* result =
+      PyObject_CallFunctionObjArgs(tap->func, arg, tap->transforms, nullptr);
   Py_DECREF(arg);
   if (result != nullptr) return result;
   PyObject *type, *value, *traceback;
@@ -116,12 +88,10 @@ PyType_Spec plain_tap_spec = {
     plain_tap_slots,
 };
 
-// plain_tap(func, transforms, failed, device_kwargs) -> the consumer (see
-// the header).
+// plain_tap(func, transforms, failed) -> the consumer (see the header).
 PyObject* NewPlainTap(PyObject* /*module*/, PyObject* args) {
-  PyObject *func, *transforms, *failed, *device_kwargs;
-  if (!PyArg_ParseTuple(args, "OOOO:plain_tap", &func, &transforms, &failed,
-                        &device_kwargs)) {
+  PyObject *func, *transforms, *failed;
+  if (!PyArg_ParseTuple(args, "OOO:plain_tap", &func, &transforms, &failed)) {
     return nullptr;
   }
   if (PlainTapType == nullptr) {
@@ -129,13 +99,8 @@ PyObject* NewPlainTap(PyObject* /*module*/, PyObject* args) {
         reinterpret_cast<PyTypeObject*>(PyType_FromSpec(&plain_tap_spec));
     if (PlainTapType == nullptr) return nullptr;
   }
-  PyObject* kwargs_by_device = PyDict_New();
-  if (kwargs_by_device == nullptr) return nullptr;
-  PyObject* tap = reinterpret_cast<PyObject*>(Owned::New(
-      PlainTapType,
-      {func, transforms, failed, device_kwargs, kwargs_by_device}));
-  Py_DECREF(kwargs_by_device);
-  return tap;
+  return reinterpret_cast<PyObject*>(
+      Owned::New(PlainTapType, {func, transforms, failed}));
 }
 
 }  // namespace

@@ -1,9 +1,7 @@
 // A plain tap's consumer in C: `consumer(arrays, device_id)` calls
 // `func(arrays[0], transforms)`, as host_callback/host/host_functions.py's
-// Python consumer of a tap of one array with no shard argument does (with
-// `**device_kwargs(device_id)`, made once per device, for a tap that takes
-// `device=`), and on an exception calls `failed(device_id)` before it goes
-// on.
+// Python consumer of a tap of one array with no device or shard argument
+// does, and on an exception calls `failed(device_id)` before it goes on.
 // The runner and the receiver thread's C loop call `func` straight from C
 // (RunConsumer), with no Python frame between.
 
