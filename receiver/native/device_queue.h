@@ -155,10 +155,11 @@ class DeviceQueue {
   // deepens its own claim; false when it may not.
   bool ClaimIfIdle();
   // ClaimIfIdle for a direct run that must follow what its device sent
-  // before it (a GPU's buffers=True call behind taps in flight): waits up
-  // to `timeout` for the queue to become idle (hurrying the consumer), and
-  // claims it then; false when it did not.
-  bool ClaimWhenIdle(std::chrono::microseconds timeout);
+  // before it (a GPU's buffers=True call behind taps in flight): waits
+  // for the queue to become idle (hurrying the consumer), and claims it
+  // then. Ctrl-C, or no receiver to consume what waits, ends the wait with
+  // the error, as WaitForRoom's.
+  Status ClaimWhenIdle();
   // Ends one level of the calling thread's claim; the last one releases
   // the queue, and the consumer takes again. Does nothing on a thread that
   // holds no claim.

@@ -8,6 +8,8 @@
 
 #include "device_queue.h"
 
+#include <string>
+
 #include "waits.h"
 
 namespace hcb {
@@ -87,21 +89,33 @@ bool DeviceQueue::ClaimIfIdle() {
   return true;
 }
 
-bool DeviceQueue::ClaimWhenIdle(std::chrono::microseconds timeout) {
+Status DeviceQueue::ClaimWhenIdle() {
+  static constexpr char kWhere[] =
+      "while a call on a GPU's buffers waited for the taps before it";
   std::unique_lock<std::mutex> lock(mu_);
-  if (!IdleForThisThread()) {
+  while (!IdleForThisThread()) {
     ++finish_waiters_;  // packets pushed meanwhile hurry the consumer
     if (unread_ > 0) {
       hurry_ = true;
       WakeConsumer();
     }
     const bool idle = changed_.wait_for(
-        lock, timeout, [&] { return IdleForThisThread(); });
+        lock, kPollInterval, [&] { return IdleForThisThread(); });
     --finish_waiters_;
-    if (!idle) return false;
+    if (idle) break;
+    lock.unlock();  // the hooks run Python
+    const bool interrupted = links_.interrupts->Interrupted();
+    Status receiver =
+        interrupted ? Status() : links_.receiver->EnsureReceiver(device_id_);
+    lock.lock();
+    if (interrupted) return links_.interrupts->Cancel(kWhere);
+    if (!receiver.ok()) {
+      receiver.message += std::string(" ") + kWhere;
+      return receiver;
+    }
   }
   Claim();
-  return true;
+  return Status();
 }
 
 void DeviceQueue::EndClaim() {

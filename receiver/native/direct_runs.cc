@@ -5,16 +5,7 @@
 #include <string>
 #include <utility>
 
-#include "waits.h"
-
 namespace hcb {
-namespace {
-
-// Where RunAfterQueued's errors say the device was.
-constexpr char kWaitedForTaps[] =
-    "while a call on a GPU's buffers waited for the taps before it";
-
-}  // namespace
 
 bool DirectRuns::TryRun(DeviceQueue* queue, const DirectRequest& request,
                         Status* status) {
@@ -31,17 +22,9 @@ bool DirectRuns::RunAfterQueued(DeviceQueue* queue,
     // A direct run of this thread's (a host function running JAX code)
     // lets the consumer take the packets before this request meanwhile.
     Suspension suspension(queue);
-    while (!queue->ClaimWhenIdle(kPollInterval)) {
-      if (interrupts_->Interrupted()) {
-        *status = interrupts_->Cancel(kWaitedForTaps);
-        return true;
-      }
-      if (Status waited = receiver_->EnsureReceiver(request.device_id);
-          !waited.ok()) {
-        waited.message += std::string(" ") + kWaitedForTaps;
-        *status = std::move(waited);
-        return true;
-      }
+    if (Status waited = queue->ClaimWhenIdle(); !waited.ok()) {
+      *status = std::move(waited);
+      return true;
     }
   }
   return RunClaimed(runner, queue, request, status);

@@ -28,7 +28,6 @@
 #include "device_queue.h"
 #include "interrupts.h"
 #include "packet.h"
-#include "receiver_link.h"
 #include "status.h"
 
 namespace hcb {
@@ -88,10 +87,8 @@ using GuestConsumer = GuestOutcome (*)(int64_t device_id);
 
 class DirectRuns {
  public:
-  // A direct run interrupted on Python's main thread re-arms Ctrl-C there;
-  // RunAfterQueued waits with a receiver (`receiver`).
-  DirectRuns(Interrupts* interrupts, ReceiverLink* receiver)
-      : interrupts_(interrupts), receiver_(receiver) {}
+  // A direct run interrupted on Python's main thread re-arms Ctrl-C there.
+  explicit DirectRuns(Interrupts* interrupts) : interrupts_(interrupts) {}
 
   // With a runner, a request whose queue is idle runs on the device thread.
   void set_runner(DirectRunner runner) {
@@ -154,7 +151,6 @@ class DirectRuns {
   std::atomic<NestedConsumer> nested_consumer_{nullptr};
   std::atomic<GuestConsumer> guest_consumer_{nullptr};
   Interrupts* const interrupts_;
-  ReceiverLink* const receiver_;
 };
 
 }  // namespace hcb

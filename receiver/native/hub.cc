@@ -10,7 +10,7 @@ namespace hcb {
 Hub::Hub()
     : pool_(&allocator_, kDefaultQueueBound),
       calls_(&interrupts_, &receiver_),
-      direct_runs_(&interrupts_, &receiver_) {}
+      direct_runs_(&interrupts_) {}
 
 Hub& Hub::Get() {
   // Never destroyed: device threads may outlive the interpreter.
