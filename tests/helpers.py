@@ -106,6 +106,23 @@ def needs_cpu_default_backend(why: str) -> None:
     pytest.skip(f"{why} (the default backend is {jax.default_backend()})")
 
 
+@contextlib.contextmanager
+def no_barrier_probe_on(monkeypatch: Any, number: int) -> Iterator[None]:
+  """Meanwhile the CPU device of number `number` gets no barrier probe, as
+  a device that is not a CPU (a GPU) gets none: the barrier waits for it
+  with a marker tap through its queue instead."""
+  from host_callback.barrier import probes  # pylint: disable=import-outside-toplevel
+  # pylint: disable=protected-access
+  probe_on = probes._probe_on
+  monkeypatch.setattr(probes, "_probe_on", lambda n, *readable: (
+      None if n == number else probe_on(n, *readable)))
+  probes._probes.cache_clear()
+  try:
+    yield
+  finally:
+    probes._probes.cache_clear()
+
+
 def linux_only_calls_built() -> bool:
   """Whether the native module makes its Linux-only calls: built on Linux
   without HOST_CALLBACK_PORTABLE=1 (setup.py), which the tests of a

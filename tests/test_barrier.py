@@ -18,7 +18,8 @@ from host_callback.barrier import barrier, idle, probes
 from host_callback.primitive import executions
 from host_callback.host import host_side
 from host_callback.host.device_numbers import zero_on
-from helpers import Recorder, cpu_devices, needs_cpu_default_backend
+from helpers import (Recorder, cpu_devices, needs_cpu_default_backend,
+                     no_barrier_probe_on)
 
 pytestmark = pytest.mark.usefixtures("both_modes")
 
@@ -100,16 +101,8 @@ def test_with_a_device_that_is_not_a_cpu_the_cpu_probes_still_run(
   probe, as a GPU does): the barrier still waits, by the CPU devices'
   probes, for a pmap whose input was not ready, which its markers on the
   CPU devices do not wait for."""
-  # pylint: disable=protected-access
-  probe_on = probes._probe_on
-  monkeypatch.setattr(probes, "_probe_on",
-                      lambda number, *readable: (
-                          None if number == 3 else probe_on(number, *readable)))
-  probes._probes.cache_clear()
-  try:
+  with no_barrier_probe_on(monkeypatch, 3):
     test_barrier_waits_for_a_pmap_whose_input_was_not_ready()
-  finally:
-    probes._probes.cache_clear()
 
 
 def test_barrier_waits_for_a_long_op_between_two_callbacks(monkeypatch):

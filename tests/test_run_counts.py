@@ -6,10 +6,11 @@ import jax.numpy as jnp
 import pytest
 
 import host_callback as hcb
-from host_callback.barrier import barrier, probes
+from host_callback.barrier import barrier
 from host_callback.host import host_side
 from host_callback.host.device_numbers import device_number
 from host_callback.receiver import native_library, run_counts
+from helpers import no_barrier_probe_on
 
 pytestmark = pytest.mark.usefixtures("both_modes")
 
@@ -31,14 +32,8 @@ def barrier_route(request, monkeypatch):
   GPU gets none). A marker's tap runs on the device's queue, and counts
   there."""
   if request.param == "markers" and jax.default_backend() == "cpu":
-    # pylint: disable=protected-access
-    number = device_number(jax.devices()[0])
-    probe_on = probes._probe_on
-    monkeypatch.setattr(probes, "_probe_on", lambda n, *readable: (
-        None if n == number else probe_on(n, *readable)))
-    probes._probes.cache_clear()
-    yield request.param
-    probes._probes.cache_clear()
+    with no_barrier_probe_on(monkeypatch, device_number(jax.devices()[0])):
+      yield request.param
   else:
     yield request.param
 
