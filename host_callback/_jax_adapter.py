@@ -815,7 +815,8 @@ def _install_compile_retry(compile_ours: Callable[..., Any],
   `compile_ours(compile_with, platform=, root_kept=)`, where
   `compile_with(options)` compiles it with the (name, value) compiler
   options `options` added to the jit's; every compile in the context
-  `watching(platform)`."""
+  `watching(platform)`, with the options it yields added to the jit's
+  where those set none of that name."""
   compile_ = _pxla._cached_compilation
   if getattr(compile_, "_host_callback_retry", False):
     return
@@ -824,13 +825,16 @@ def _install_compile_retry(compile_ours: Callable[..., Any],
                      allow_prop_to_inputs: Any, allow_prop_to_outputs: Any,
                      host_callbacks: Any, backend: Any, da: Any,
                      compiler_options_kvs: Any, pgle_profiler: Any) -> Any:
-    def compile_with(options: Tuple[Tuple[str, Any], ...]) -> Any:
-      return compile_(computation, name, tuple_args, allow_prop_to_inputs,
-                      allow_prop_to_outputs, host_callbacks, backend, da,
-                      tuple(compiler_options_kvs) + tuple(options),
-                      pgle_profiler)
+    given = tuple(compiler_options_kvs)
     marks = computation.operation.attributes
-    with watching(backend.platform):
+    with watching(backend.platform) as defaults:
+      given += tuple(option for option in defaults
+                     if option[0] not in dict(given))
+
+      def compile_with(options: Tuple[Tuple[str, Any], ...]) -> Any:
+        return compile_(computation, name, tuple_args, allow_prop_to_inputs,
+                        allow_prop_to_outputs, host_callbacks, backend, da,
+                        given + tuple(options), pgle_profiler)
       if _MODULE_MARK not in marks:
         return compile_with(())
       return compile_ours(compile_with, platform=backend.platform,
@@ -859,7 +863,8 @@ PATCHES = (
      "a computation with our ops that XLA refuses to compile is compiled "
      "once more with options that avoid the refusal (compile_retry.py); "
      "a compile that one of our host functions starts on a GPU and that "
-     "runs long is reported (compile_watch.py)",
+     "runs long is reported, and may leave out autotuning "
+     "(compile_watch.py)",
      "0.10.2, 0.11.2, 0.12.0.1"),
 )
 

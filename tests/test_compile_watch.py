@@ -54,3 +54,42 @@ def test_a_long_compile_in_a_call_names_the_deadlock_and_the_ways_out(
 def test_a_compile_outside_host_functions_is_not_watched(watched_cpu):
   _fresh_function()(jnp.float32(2)).block_until_ready()
   assert _warnings(watched_cpu) == []
+
+
+@pytest.fixture
+def compiled_options(monkeypatch):
+  """The compile options that reach XLA, per compile: JAX's compile of a
+  module (jax._src.compiler.compile_or_get_cached, below the package's
+  compile wrapper) is watched."""
+  from jax._src import compiler  # pylint: disable=import-outside-toplevel
+  seen = []
+  compile_ = compiler.compile_or_get_cached
+
+  def watched(backend, computation, devices, compile_options, *args, **kw):
+    seen.append(dict(compile_options.env_option_overrides))
+    return compile_(backend, computation, devices, compile_options, *args,
+                    **kw)
+  monkeypatch.setattr(compiler, "compile_or_get_cached", watched)
+  return seen
+
+
+@pytest.mark.parametrize("validated", [False, True])
+def test_a_compile_in_a_host_function_leaves_out_autotuning_once_validated(
+    watched_cpu, compiled_options, monkeypatch, validated):
+  """Where NO_AUTOTUNE_VALIDATED, a compile started by a host function on a
+  watched platform gets xla_gpu_autotune_level 0 unless it sets that
+  option itself; a compile outside host functions never does."""
+  monkeypatch.setattr(compile_watch, "NO_AUTOTUNE_VALIDATED", validated)
+
+  def host(a):
+    _fresh_function()(a).block_until_ready()
+    jax.jit(lambda v: v * 5, compiler_options={"xla_gpu_autotune_level": 2}
+            )(a).block_until_ready()
+    return a
+
+  jax.jit(lambda v: hcb.call(host, v, result_shape=v))(jnp.float32(2))
+  _fresh_function()(jnp.float32(3)).block_until_ready()
+  levels = [options.get("xla_gpu_autotune_level")
+            for options in compiled_options]
+  # the step, the host function's two functions, the one outside
+  assert levels == [None, 0 if validated else None, 2, None]

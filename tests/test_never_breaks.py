@@ -9,6 +9,7 @@ function without the tap.
 """
 
 import logging
+import re
 
 import jax
 import jax.numpy as jnp
@@ -231,3 +232,39 @@ def test_a_retried_compile_shows_nothing_but_a_debug_line(case, transport,
   assert len(debug) == 1, done.stderr
   assert debug[0].startswith("LOG host_callback: XLA refused to compile a "
                              "computation with taps or calls (INTERNAL: ")
+
+
+def _lowered_for_cuda(step, *args):
+  """The StableHLO of `step` jitted, lowered for CUDA (nothing runs)."""
+  return jax.jit(step).trace(*args).lower(
+      lowering_platforms=("cuda",)).as_text()
+
+
+@pytest.mark.parametrize("validated", [False, True])
+def test_on_a_gpu_the_end_mark_keeps_the_result_once_validated(
+    monkeypatch, transport, validated):
+  """Lowered for CUDA, a computation with a tap ends with the end mark,
+  which takes its result (the user that keeps XLA's fusion off the ROOT),
+  only where CUDA_END_MARK_VALIDATED: the GPU's refusal of the tapped
+  64x64 step (docs/gpu.md) is to be confirmed gone on a GPU first."""
+  from host_callback.host import native_handlers
+  from host_callback.primitive import executions, lowering, lowering_native
+  from host_callback.receiver import native_library
+  if not native_library.available():
+    pytest.skip("the native transport is not built")
+  # Nothing runs: the CUDA handlers need not be registered (that needs
+  # libcudart), and the op of JAX's own callbacks, which lowers only for a
+  # backend of this process, may be the native one's.
+  monkeypatch.setattr(native_handlers, "accepted", lambda platform: True)
+  monkeypatch.setitem(lowering._EMITTERS, "python", lowering_native.emit)
+  monkeypatch.setattr(executions, "CUDA_END_MARK_VALIDATED", validated)
+  x, w = _inputs(64)
+  text = _lowered_for_cuda(_step(lambda v: hcb.id_tap(lambda *_: None, v),
+                                 jnp.tanh, jnp.sum), x, w)
+  ends = [line for line in text.splitlines()
+          if f"@{native_library.END_TARGET}(" in line]
+  assert len(ends) == validated, text
+  if validated:  # the token and the result, which is what main returns
+    returned = re.search(r"return (%\S+) : tensor<64x64xf32>", text).group(1)
+    assert re.search(rf"\(%\S+, {re.escape(returned)}\)", ends[0]), ends[0]
+  assert "host_callback_begin" not in text  # a GPU counts no executions

@@ -6,7 +6,8 @@ autotunes profiles its candidates with the GPU to itself, so it waits for
 that computation, which waits for the host function that is compiling: a
 deadlock, silent (docs/gpu.md, "Compiling in a host function"). The
 package cannot give the lock back while a `call` waits for its result; it
-can say what is happening and how to avoid it.
+can say what is happening and how to avoid it, and, once validated on a GPU,
+compile such a function without autotuning (`NO_AUTOTUNE_VALIDATED`).
 """
 
 from __future__ import annotations
@@ -14,7 +15,7 @@ from __future__ import annotations
 import contextlib
 import logging
 import threading
-from typing import Iterator
+from typing import Any, Iterator, Tuple
 
 from ..receiver.consumer_threads import in_consumer_thread
 
@@ -23,6 +24,14 @@ WATCHED_PLATFORMS = frozenset({"cuda", "rocm", "gpu"})
 # How long a compile started in a host function runs before the warning;
 # longer than a small function's autotuning takes.
 WARN_AFTER_SECONDS = 10.0
+
+# The compile options that leave the autotuner, and so the GPU's exclusive
+# lock, out of a compile; added to those a compile started in one of our
+# host functions on a GPU does not set itself, where NO_AUTOTUNE_VALIDATED.
+# Off until tools.gpu.compile_during_call's "own_auto_no_autotune" cases
+# finish on a GPU.
+NO_AUTOTUNE: Tuple[Tuple[str, Any], ...] = (("xla_gpu_autotune_level", 0),)
+NO_AUTOTUNE_VALIDATED = False
 
 MESSAGE = (
     "host_callback: a host function has been compiling a JAX function for "
@@ -36,18 +45,21 @@ MESSAGE = (
 
 
 @contextlib.contextmanager
-def watching(platform: str) -> Iterator[None]:
+def watching(platform: str) -> Iterator[Tuple[Tuple[str, Any], ...]]:
   """Warns once if the compile in the block, started by one of our host
-  functions for `platform` (a GPU), runs longer than WARN_AFTER_SECONDS."""
+  functions for `platform` (a GPU), runs longer than WARN_AFTER_SECONDS.
+  Yields the compile options to add where the compile sets none of that
+  name: NO_AUTOTUNE for such a compile where NO_AUTOTUNE_VALIDATED, else
+  none."""
   if platform not in WATCHED_PLATFORMS or not in_consumer_thread():
-    yield
+    yield ()
     return
   seconds = WARN_AFTER_SECONDS
   timer = threading.Timer(seconds, _warn, args=(platform, seconds))
   timer.daemon = True
   timer.start()
   try:
-    yield
+    yield NO_AUTOTUNE if NO_AUTOTUNE_VALIDATED else ()
   finally:
     timer.cancel()
 

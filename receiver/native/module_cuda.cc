@@ -21,8 +21,9 @@ namespace hcb::python {
 namespace {
 
 PyObject* CudaFfiHandlers(PyObject*, PyObject*) {
-  return Py_BuildValue("{sNsN}", kOutfeedTarget, Capsule(HcbCudaOutfeed),
-                       kCallTarget, Capsule(HcbCudaCall));
+  return Py_BuildValue("{sNsNsN}", kOutfeedTarget, Capsule(HcbCudaOutfeed),
+                       kCallTarget, Capsule(HcbCudaCall), kEndTarget,
+                       Capsule(HcbCudaEnd));
 }
 
 PyObject* CudaLoad(PyObject*, PyObject* args) {

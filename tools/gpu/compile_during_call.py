@@ -33,7 +33,9 @@ those did not hang and ours did: the autotuner's profiling waits for the
 GPU's exclusive lock, which the launching thread holds while the host
 function runs (docs/gpu.md). "own_no_autotune" compiles with
 `xla_gpu_autotune_level=0`, the workaround that the package's warning
-names (host_callback/primitive/compile_watch.py).
+names (host_callback/primitive/compile_watch.py); "own_auto_no_autotune"
+compiles with no option, the package adding that one
+(`compile_watch.NO_AUTOTUNE_VALIDATED`, off until these cases pass).
 """
 
 from __future__ import annotations
@@ -61,7 +63,9 @@ WORK = ("compile_run", "run", "compile", "put", "cpu")
 OWN = tuple(itertools.product(
     CALLS + ("io_callback", "io_callback_ordered"), ("own",))) + (
         ("native", "tap_before"), ("python", "tap_before"),
-        ("native", "own_no_autotune"), ("python", "own_no_autotune")) + tuple(
+        ("native", "own_no_autotune"), ("python", "own_no_autotune"),
+        ("native", "own_auto_no_autotune"),
+        ("python", "own_auto_no_autotune")) + tuple(
             itertools.product(("pure_callback", "io_callback_ordered"),
                               ("own_after_ours", "own_after_jax")))
 WAIT_SECONDS = 20
@@ -84,6 +88,9 @@ def own_case(call: str, where: str) -> str:
   # "own_no_autotune": the workaround that compile_watch's warning names.
   options = ({"xla_gpu_autotune_level": 0} if where == "own_no_autotune"
              else None)
+  # "own_auto_no_autotune": the package adds that option itself.
+  from host_callback.primitive import compile_watch  # pylint: disable=import-outside-toplevel
+  compile_watch.NO_AUTOTUNE_VALIDATED = where == "own_auto_no_autotune"
 
   def compile_and_run(a):
     fresh = jax.jit(lambda v: jnp.sum(v) * 2 + 1,  # never compiled before
@@ -118,7 +125,7 @@ def own_case(call: str, where: str) -> str:
         ordered=call.endswith("ordered")))
   else:
     jax.config.update("jax_host_callback_transport", call)
-    if where in ("own", "own_no_autotune"):
+    if where in ("own", "own_no_autotune", "own_auto_no_autotune"):
       f = jax.jit(lambda v: hcb.call(host, v, result_shape=v))
     else:
       f = jax.jit(lambda v: hcb.call(
@@ -129,6 +136,8 @@ def own_case(call: str, where: str) -> str:
   hcb.barrier_wait()
   whose = {"own": "own host function",
            "own_no_autotune": "own host function (autotune level 0)",
+           "own_auto_no_autotune":
+               "own host function (autotune level 0 by the package)",
            "own_after_ours": "own host function (after ours ran)",
            "own_after_jax": "own host function (after JAX's ran)",
            "tap_before": "preceding tap"}[where]
