@@ -809,12 +809,30 @@ def mark_module(ctx: Any, *, root_kept: bool) -> None:
     attributes[_ROOT_UNKEPT_MARK] = _ir.UnitAttr.get()
 
 
+def with_result_barrier(module: Any) -> Any:
+  """A copy of the jit's `module` whose main function returns its results
+  through one `stablehlo.optimization_barrier`. Checked against jax 0.10.2,
+  0.11.2 and 0.12.0.1."""
+  with module.context:
+    copy = _ir.Module.parse(module.operation.get_asm(enable_debug_info=True))
+    main = next(op for op in copy.body.operations
+                if _ir.StringAttr(op.attributes["sym_name"]).value == "main")
+    returned = main.regions[0].blocks[0].operations[
+        len(main.regions[0].blocks[0].operations) - 1]
+    with _ir.InsertionPoint(returned), returned.location:
+      barrier = hlo.OptimizationBarrierOp(list(returned.operands))
+    for index, result in enumerate(barrier.results):
+      returned.operands[index] = result
+  return copy
+
+
 def _install_compile_retry(compile_ours: Callable[..., Any],
                            watching: Callable[[str], Any]) -> None:
   """Compiles a module marked by `mark_module` through
   `compile_ours(compile_with, platform=, root_kept=)`, where
-  `compile_with(options)` compiles it with the (name, value) compiler
-  options `options` added to the jit's; every compile in the context
+  `compile_with(options, result_barrier=False)` compiles it with the
+  (name, value) compiler options `options` added to the jit's (and, where
+  `result_barrier`, a copy `with_result_barrier`); every compile in the context
   `watching(platform)`, with the options it yields added to the jit's
   where those set none of that name."""
   compile_ = _pxla._cached_compilation
@@ -831,8 +849,11 @@ def _install_compile_retry(compile_ours: Callable[..., Any],
       given += tuple(option for option in defaults
                      if option[0] not in dict(given))
 
-      def compile_with(options: Tuple[Tuple[str, Any], ...]) -> Any:
-        return compile_(computation, name, tuple_args, allow_prop_to_inputs,
+      def compile_with(options: Tuple[Tuple[str, Any], ...], *,
+                       result_barrier: bool = False) -> Any:
+        module = (with_result_barrier(computation) if result_barrier
+                  else computation)
+        return compile_(module, name, tuple_args, allow_prop_to_inputs,
                         allow_prop_to_outputs, host_callbacks, backend, da,
                         given + tuple(options), pgle_profiler)
       if _MODULE_MARK not in marks:
@@ -861,7 +882,8 @@ PATCHES = (
      "0.10.2, 0.12.0.1"),
     ("jax._src.interpreters.pxla._cached_compilation (wrapped)",
      "a computation with our ops that XLA refuses to compile is compiled "
-     "once more with options that avoid the refusal (compile_retry.py); "
+     "once more with options, or results behind a barrier, that avoid the "
+     "refusal (compile_retry.py); "
      "a compile that one of our host functions starts on a GPU and that "
      "runs long is reported, and may leave out autotuning "
      "(compile_watch.py)",
@@ -900,5 +922,5 @@ __all__ = [
     "dispatched_array_type", "dispatches_hooked",
     "outside_the_program_mesh", "keep_alive_with_executable",
     "thread_token", "tracing", "install_patches", "PATCHES", "scope_eqn",
-    "lower_scope_body", "mark_module",
+    "lower_scope_body", "mark_module", "with_result_barrier",
 ]

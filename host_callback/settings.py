@@ -59,9 +59,8 @@ with _legacy_queue_env() as _queue_env_errors:
 transport = adapter.enum_setting(
     "jax_host_callback_transport", TRANSPORTS, "auto",
     "How packets leave the device: 'native' (C++ XLA FFI handlers, CPU and "
-    "CUDA), 'python' (JAX's Python callbacks), or 'auto' (native when built, "
-    "on CPU; on CUDA once validated there, see "
-    "transport_policy.CUDA_NATIVE_VALIDATED).")
+    "CUDA), 'python' (JAX's Python callbacks), or 'auto' (native where it "
+    "is built and XLA takes its handlers, on CPU and CUDA).")
 
 outfeed = adapter.bool_setting(
     "jax_host_callback_outfeed", False,

@@ -18,7 +18,7 @@ import threading
 from types import ModuleType
 from typing import Any, Callable, Dict, Optional, Sequence, Tuple
 
-ABI_VERSION = 31
+ABI_VERSION = 30
 
 
 def _load() -> Optional[ModuleType]:
@@ -58,7 +58,7 @@ def ffi_handlers() -> Dict[str, Any]:
 
 
 def cuda_ffi_handlers() -> Dict[str, Any]:
-  """The CUDA platform's FFI handlers (the tap, the call, the end mark) by name
+  """The CUDA platform's FFI handlers (the tap and the call) by target name
   (`native/ffi_cuda.cc`), built without CUDA: register them only where JAX
   has a CUDA backend, after `load_cuda_runtime`."""
   assert native is not None, "the native transport is not built"

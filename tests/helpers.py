@@ -100,6 +100,19 @@ def cpu_devices(n: int) -> List[Any]:
   return devices[:n]
 
 
+@contextlib.contextmanager
+def on_a_cpu_device() -> Iterator[None]:
+  """Computations run on a CPU device whatever the default backend is (a
+  GPU on the GPU machine). Set globally, so that the arrays and functions
+  that host functions make on receiver threads are on the CPU too."""
+  previous = jax.config.jax_default_device
+  jax.config.update("jax_default_device", cpu_devices(1)[0])
+  try:
+    yield
+  finally:
+    jax.config.update("jax_default_device", previous)
+
+
 def needs_cpu_default_backend(why: str) -> None:
   """Skips the test, saying `why`, unless JAX's default backend is CPU."""
   if jax.default_backend() != "cpu":

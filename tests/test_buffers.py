@@ -13,19 +13,17 @@ import numpy as np
 import pytest
 
 import host_callback as hcb
-from helpers import cpu_devices, needs_cpu_default_backend, synchronous
+from helpers import (cpu_devices, needs_cpu_default_backend, on_a_cpu_device,
+                     synchronous)
 
 
 @pytest.fixture(autouse=True)
 def _on_a_cpu():
   """These tests are about host buffers: their computations run on a CPU
   device whatever the default backend is (a GPU's buffers are
-  test_gpu_buffers.py's). Set globally, so that the arrays host functions
-  make on receiver threads are on the CPU too."""
-  previous = jax.config.jax_default_device
-  jax.config.update("jax_default_device", cpu_devices(1)[0])
-  yield
-  jax.config.update("jax_default_device", previous)
+  test_gpu_buffers.py's)."""
+  with on_a_cpu_device():
+    yield
 
 
 def _buffers_call(host, x, result_shape=None):

@@ -80,8 +80,7 @@ def test_cuda_handlers_are_built_without_cuda():
   if not native_library.available():
     pytest.skip("the native transport is not built")
   assert set(native_library.cuda_ffi_handlers()) == {
-      native_library.OUTFEED_TARGET, native_library.CALL_TARGET,
-      native_library.END_TARGET}
+      native_library.OUTFEED_TARGET, native_library.CALL_TARGET}
 
 
 def test_cuda_runtime_not_found_is_a_clear_error():

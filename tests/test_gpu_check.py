@@ -399,6 +399,8 @@ _TIMINGS = [("scan step, no tap", 9.422, "µs"),
             ("+ id_tap every step (native)", 18.516, "µs"),
             ("~1 ms step (12 products of 2048x2048): no tap, no barrier",
              0.765, "ms"),
+            ("~1 ms step (12 products of 2048x2048): no tap, "
+             "block_until_ready every step", 1.067, "ms"),
             ("~1 ms step (12 products of 2048x2048): tap + barrier_wait() "
              "every step (native)", 1.703, "ms"),
             ("256 MiB identity round trip: one device-to-device copy "
@@ -420,19 +422,21 @@ _HARDWARE = ["CUDA per step: kernel only: 4.38 us",
 def test_gpu_targets_are_judged_from_the_figures():
   checks = targets.target_checks(_TIMINGS, _BENCH, _HARDWARE)
   assert [(name.split(": ")[1], ok) for name, ok, _ in checks] == [
-      ("tap per scan step <= 5 µs over the step", False),
+      ("tap per scan step <= 4 µs over the step", False),
       ("jitted step with one tap <= 1.3x the step", False),
       ("call in a scan >= 5x cheaper than pure_callback", False),
       ("256 MiB tap <= 2x one pinned copy", True),
       ("256 MiB call round trip <= 4x one pinned copy", False),
       ("256 MiB buffers=True round trip <= 2x one device-to-device copy",
        False),
-      ("~1 ms step with a tap and barrier_wait() <= 1.05x", False)]
+      ("~1 ms step with a tap and barrier_wait() <= 1.1x waiting with "
+       "block_until_ready", False)]
   details = [detail for _, _, detail in checks]
   assert details[0] == "+9.1 µs (18.5 against 9.4)"
   assert details[2] == "4.43x (65.5 against 290.0 µs)"
   assert details[3] == "1.50x (7.31 against 4.87 ms)"
   assert details[5] == "2.48x (0.52 against 0.21 ms)"
+  assert details[6] == "1.60x (1.703 against 1.067 ms)"  # not the 0.765
   # Without the hardware's figures the copy targets fail, saying why.
   missing = targets.target_checks(_TIMINGS, _BENCH, [])
   assert [detail for _, _, detail in missing][3:5] == ["not measured"] * 2

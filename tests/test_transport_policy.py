@@ -54,8 +54,8 @@ def test_every_combination_follows_the_table(facts):
   assert choice.reason  # every choice says why
 
 
-def test_cuda_stays_on_the_python_transport_until_validated():
-  assert not transport_policy.CUDA_NATIVE_VALIDATED  # until tools.gpu.check
+def test_cuda_gets_the_native_transport_once_validated():
+  assert transport_policy.CUDA_NATIVE_VALIDATED  # by tools.gpu.check, on an H200
 
 
 @pytest.mark.parametrize("setting", ["auto", "native", "python"])
@@ -72,7 +72,7 @@ def test_for_platform_reads_the_setting_and_logs_why(setting, caplog):
   finally:
     jax.config.update("jax_host_callback_transport", "auto")
   assert cpu == ("python" if setting == "python" else "native")
-  assert cuda == ("native" if setting == "native" else "python")
+  assert cuda == ("python" if setting == "python" else "native")
   assert f"the {cpu} transport is used on CPU" in caplog.text
 
 

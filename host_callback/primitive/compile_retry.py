@@ -13,17 +13,26 @@ its reduction fusions, which XLA then accepts; a reduction's value may then
 differ from the untapped program's within float32 reassociation. The first
 attempt's error log (XLA writes it to file descriptor 2) is held back and
 dropped when the retry succeeds.
+
+XLA's GPU compiler refuses such a step too (`RET_CHECK ... IsDead()`,
+64x64 on an H200 with jax 0.11.2, docs/gpu.md), where a second user of the
+ROOT does not help but a ROOT behind an optimization barrier does: a
+refused GPU computation is compiled once more with its results returned
+through `stablehlo.optimization_barrier`, which there returned the untapped
+program's values bitwise. Only a refused one: the barrier keeps XLA from
+fusing the product's epilogue, which at 256x256 changed the values.
 """
 
 from __future__ import annotations
 
 import contextlib
+import dataclasses
 import logging
 import os
 import sys
 import tempfile
 import threading
-from typing import Any, Callable, Iterator, Tuple
+from typing import Any, Callable, Dict, Iterator, Tuple
 
 # XLA's debug option that lists the CPU library's fusions: its default in
 # jax 0.10 to 0.12 less LIBRARY_FUSION_TYPE_REDUCE.
@@ -35,16 +44,40 @@ NO_REDUCTION_FUSION: Tuple[Tuple[str, str], ...] = (
 # to the first one's file.
 _stderr_lock = threading.Lock()
 
-Compile = Callable[[Tuple[Tuple[str, Any], ...]], Any]
+# compile_with(options, result_barrier=False): compiles the computation with
+# the (name, value) compiler options added to the jit's, and with its main
+# function's results behind an optimization barrier where result_barrier.
+Compile = Callable[..., Any]
+
+
+@dataclasses.dataclass(frozen=True)
+class Retry:
+  """How a refused computation is compiled once more, and how the debug
+  log says it was."""
+  options: Tuple[Tuple[str, Any], ...]
+  result_barrier: bool
+  how: str
+
+
+# By the platform of JAX's backend (a CUDA backend's is "gpu").
+RETRIES: Dict[str, Retry] = {
+    "cpu": Retry(NO_REDUCTION_FUSION, False,
+                 "without the reduction fusions of XLA's CPU library"),
+    "gpu": Retry((), True, "with its results behind an optimization "
+                 "barrier"),
+}
+RETRIES["cuda"] = RETRIES["gpu"]
 
 
 def compile_ours(compile_with: Compile, *, platform: str,
                  root_kept: bool) -> Any:
-  """Compiles a computation with our ops: `compile_with(())`, and on CPU,
-  if XLA refuses it, `compile_with(NO_REDUCTION_FUSION)` once; the first error
-  stands if that fails too. `root_kept`: whether the lowering gave the ROOT
-  the user that avoids the known refusal (then nothing is held back)."""
-  if platform != "cpu":
+  """Compiles a computation with our ops: `compile_with(())`, and, if XLA
+  refuses it on a platform that RETRIES names, once more as that says; the
+  first error stands if that fails too. `root_kept`: whether the lowering
+  gave the ROOT the user that avoids the known refusal (then nothing is
+  held back)."""
+  retry = RETRIES.get(platform)
+  if retry is None:
     return compile_with(())
   held: list = []
   try:
@@ -52,15 +85,14 @@ def compile_ours(compile_with: Compile, *, platform: str,
       return compile_with(())
   except Exception as error:  # pylint: disable=broad-except
     try:
-      executable = compile_with(NO_REDUCTION_FUSION)
+      executable = compile_with(retry.options,
+                                result_barrier=retry.result_barrier)
     except Exception:  # pylint: disable=broad-except
       _write_stderr(held)
       raise error from None
     logging.getLogger("host_callback").debug(
         "host_callback: XLA refused to compile a computation with taps or "
-        "calls (%s); it was compiled again without the reduction fusions of "
-        "XLA's CPU library",
-        _first_line(error))
+        "calls (%s); it was compiled again %s", _first_line(error), retry.how)
     return executable
 
 

@@ -6,8 +6,9 @@ autotunes profiles its candidates with the GPU to itself, so it waits for
 that computation, which waits for the host function that is compiling: a
 deadlock, silent (docs/gpu.md, "Compiling in a host function"). The
 package cannot give the lock back while a `call` waits for its result; it
-can say what is happening and how to avoid it, and, once validated on a GPU,
-compile such a function without autotuning (`NO_AUTOTUNE_VALIDATED`).
+can compile such a function without autotuning, which then takes no
+exclusive lock (`NO_AUTOTUNE`), and say what is happening if a compile
+still runs long.
 """
 
 from __future__ import annotations
@@ -27,11 +28,12 @@ WARN_AFTER_SECONDS = 10.0
 
 # The compile options that leave the autotuner, and so the GPU's exclusive
 # lock, out of a compile; added to those a compile started in one of our
-# host functions on a GPU does not set itself, where NO_AUTOTUNE_VALIDATED.
-# Off until tools.gpu.compile_during_call's "own_auto_no_autotune" cases
-# finish on a GPU.
+# host functions on a GPU does not set itself, where NO_AUTOTUNE_VALIDATED:
+# on an H200 (jax 0.11.2, 2026-11-30) a call whose host function compiled
+# hung without them and finished with them, on both transports
+# (tools.gpu.compile_during_call's "own" and "own_auto_no_autotune" cases).
 NO_AUTOTUNE: Tuple[Tuple[str, Any], ...] = (("xla_gpu_autotune_level", 0),)
-NO_AUTOTUNE_VALIDATED = False
+NO_AUTOTUNE_VALIDATED = True
 
 MESSAGE = (
     "host_callback: a host function has been compiling a JAX function for "
@@ -39,9 +41,9 @@ MESSAGE = (
     "waits for it. This is likely a deadlock: XLA's autotuner needs the "
     "GPU to itself and waits for that computation, which waits for this "
     "host function. Compile the function before the computation runs (call "
-    "it once, or jax.jit(f).lower(...).compile()), or compile it with "
-    "jax.jit(f, compiler_options={{'xla_gpu_autotune_level': 0}}), or set "
-    "XLA_FLAGS=--xla_gpu_autotune_level=0.")
+    "it once, or jax.jit(f).lower(...).compile()), or leave autotuning out: "
+    "jax.jit(f, compiler_options={{'xla_gpu_autotune_level': 0}}), which "
+    "host_callback sets itself where such a compile sets no level.")
 
 
 @contextlib.contextmanager

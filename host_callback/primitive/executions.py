@@ -9,9 +9,7 @@ as ended; one of our ops that fails (which stops the execution) counts it as
 ended too. barrier_wait waits for a moment when none is in flight.
 
 Only on CPU with the native library built: elsewhere nothing is counted
-(accelerators run their computations in dispatch order). On a CUDA GPU the
-end mark alone may close a computation, counting nothing, to keep its
-result (`ends_on_gpu`).
+(accelerators run their computations in dispatch order).
 """
 
 from __future__ import annotations
@@ -23,19 +21,11 @@ from jax.extend.core import Primitive
 
 from .. import _jax_adapter as adapter
 from . import each_device
-from ..host import native_handlers, transport_policy
+from ..host import transport_policy
 from .._jax_adapter import mlir
 from ..receiver import transport_native
 
 _EFFECT = adapter.host_callback_effect
-
-# Whether a computation of ours on a CUDA GPU ends with the end mark, which
-# there counts nothing and keeps the result as on CPU (`kept`, see
-# `lower_mark`): on an H200 (jax 0.11.2) XLA refused a 64x64 step that taps
-# a reduction of the product it returns, in the outfeed mode, where the
-# end mark is missing (docs/gpu.md). Off until `python -m
-# tools.gpu.compile_refusals` shows that it ends the refusal there.
-CUDA_END_MARK_VALIDATED = False
 
 execution_mark_p = Primitive("host_callback_execution_mark")
 execution_mark_p.multiple_results = True
@@ -47,14 +37,6 @@ def counted(ctx: Any) -> bool:
   """Whether the computation being lowered counts its executions."""
   return (tuple(ctx.module_context.platforms) == ("cpu",) and
           transport_policy.native_on_cpu())
-
-
-def ends_on_gpu(ctx: Any) -> bool:
-  """Whether the computation being lowered, on a CUDA GPU, ends with the
-  end mark that keeps its result (it counts nothing there)."""
-  return (CUDA_END_MARK_VALIDATED and
-          tuple(ctx.module_context.platforms) == ("cuda",) and
-          native_handlers.accepted("cuda"))
 
 
 def _lower_mark_op(ctx: Any, *kept: Any, end: bool) -> list:
@@ -74,8 +56,6 @@ def _lower_mark_op(ctx: Any, *kept: Any, end: bool) -> list:
 
 
 mlir.register_lowering(execution_mark_p, _lower_mark_op, platform="cpu")
-# A GPU's computations only end with it (`ends_on_gpu`).
-mlir.register_lowering(execution_mark_p, _lower_mark_op, platform="cuda")
 
 
 def lower_mark(ctx: Any, token: Any, *, end: bool,

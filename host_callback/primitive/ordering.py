@@ -78,8 +78,7 @@ def kept_results(ctx: Any, outs: Sequence[Any]) -> List[Tuple[Any, Any]]:
   reduction with its operand when the operand has no other user, not
   counting the ROOT's use, and then fails to remove the ROOT: a tap of a
   reduction of the result would make the program fail to compile. The end
-  mark, which reads nothing, is a second user that XLA keeps. (On a CUDA GPU
-  XLA refused such a step too, `executions.CUDA_END_MARK_VALIDATED`.)"""
+  mark, which reads nothing, is a second user that XLA keeps."""
   if len(outs) != 1 or adapter.sharded_devices(ctx) is not None:
     return []
   aval = ctx.avals_out[0]
@@ -92,11 +91,7 @@ def _lower(ctx: Any, *args: Any, jaxpr: Any) -> List[Any]:
   global _multi_device_lowerings
   if adapter.device_count(ctx) > 1:
     _multi_device_lowerings += 1
-  if executions.counted(ctx):
-    begin = functools.partial(executions.lower_mark, ctx, end=False)
-  elif executions.ends_on_gpu(ctx):
-    begin = lambda token: token  # noqa: E731
-  else:
+  if not executions.counted(ctx):
     adapter.mark_module(ctx, root_kept=len(jaxpr.outvars) != 1)
     return adapter.lower_scope_body(ctx, jaxpr, args, _EFFECT, lambda t: t,
                                     lambda t, outs: None)
@@ -106,7 +101,9 @@ def _lower(ctx: Any, *args: Any, jaxpr: Any) -> List[Any]:
     adapter.mark_module(ctx, root_kept=len(outs) != 1 or bool(kept))
     executions.lower_mark(ctx, token, end=True, kept=kept)
 
-  return adapter.lower_scope_body(ctx, jaxpr, args, _EFFECT, begin, close)
+  return adapter.lower_scope_body(
+      ctx, jaxpr, args, _EFFECT,
+      functools.partial(executions.lower_mark, ctx, end=False), close)
 
 
 mlir.register_lowering(host_callback_scope_p, _lower, cacheable=False)

@@ -12,8 +12,7 @@
 // The handlers run on the thread that enqueues the computation's work on
 // its stream; `device_id` is XLA's device ordinal (the local GPU). The
 // bindings, spans, site checks and errors are ffi_common.h's; a GPU does
-// not count executions (executions.h), so a failure ends none, and its end
-// mark only keeps the computation's result (End).
+// not count executions (executions.h), so a failure ends none.
 
 #include "ffi_cuda.h"
 
@@ -55,14 +54,6 @@ ffi::Error Call(void* stream, int32_t device_id, ffi::Token,
   }, /*counted=*/false);
 }
 
-// The end mark on a GPU counts nothing: `kept`, the computation's result,
-// read by nothing, gets a user that XLA keeps, as on CPU (ffi_cpu.cc's End,
-// host_callback/primitive/executions.py: CUDA_END_MARK_VALIDATED).
-ffi::Error End(ffi::Token, ffi::RemainingArgs kept, ffi::Result<ffi::Token>) {
-  static_cast<void>(kept);
-  return ffi::Error::Success();
-}
-
 }  // namespace
 }  // namespace hcb
 
@@ -70,4 +61,3 @@ XLA_FFI_DEFINE_HANDLER_SYMBOL(HcbCudaOutfeed, hcb::Outfeed,
                               hcb::BindTap(&hcb::OnStream));
 XLA_FFI_DEFINE_HANDLER_SYMBOL(HcbCudaCall, hcb::Call,
                               hcb::BindCall(&hcb::OnStream));
-XLA_FFI_DEFINE_HANDLER_SYMBOL(HcbCudaEnd, hcb::End, hcb::BindTokenKeeping());

@@ -2,8 +2,8 @@
 // targets (ffi_cuda.cc), which the extension module hands to JAX as
 // PyCapsules (module_cuda.cc) for registration on the "CUDA" platform, only when
 // JAX has a CUDA backend. A GPU has no synchronous taps (its taps are
-// always in the outfeed mode) and does not count executions (begin: CPU
-// only; its end mark only keeps the result, host_callback/executions.py).
+// always in the outfeed mode) and does not count executions (begin, end:
+// CPU only, host_callback/executions.py).
 
 #ifndef HOST_CALLBACK_RECEIVER_NATIVE_FFI_CUDA_H_
 #define HOST_CALLBACK_RECEIVER_NATIVE_FFI_CUDA_H_
@@ -13,7 +13,6 @@
 extern "C" {
 XLA_FFI_Error* HcbCudaOutfeed(XLA_FFI_CallFrame* call_frame);
 XLA_FFI_Error* HcbCudaCall(XLA_FFI_CallFrame* call_frame);
-XLA_FFI_Error* HcbCudaEnd(XLA_FFI_CallFrame* call_frame);
 }
 
 #endif  // HOST_CALLBACK_RECEIVER_NATIVE_FFI_CUDA_H_

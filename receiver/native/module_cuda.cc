@@ -21,9 +21,8 @@ namespace hcb::python {
 namespace {
 
 PyObject* CudaFfiHandlers(PyObject*, PyObject*) {
-  return Py_BuildValue("{sNsNsN}", kOutfeedTarget, Capsule(HcbCudaOutfeed),
-                       kCallTarget, Capsule(HcbCudaCall), kEndTarget,
-                       Capsule(HcbCudaEnd));
+  return Py_BuildValue("{sNsN}", kOutfeedTarget, Capsule(HcbCudaOutfeed),
+                       kCallTarget, Capsule(HcbCudaCall));
 }
 
 PyObject* CudaLoad(PyObject*, PyObject* args) {

@@ -31,9 +31,9 @@ step, so that a run cut short leaves what it found) says PASS, FAIL or CUT
 (the budget ended it) for each; the tests' output goes to the report's path
 + ".suite.log". Needs no network. Exits 0 when every check passed, 1 when
 one failed, 3 when none failed but the budget cut some, and 2 with a "no
-GPU" message where JAX has no CUDA backend (nothing validated). Once it
-passes on a GPU, `transport_policy.CUDA_NATIVE_VALIDATED` may be set to
-True.
+GPU" message where JAX has no CUDA backend (nothing validated). Its run
+on an H200 of 2026-11-30 set `transport_policy.CUDA_NATIVE_VALIDATED` to
+True (docs/gpu.md).
 """
 
 from __future__ import annotations

@@ -10,9 +10,7 @@ Each line here says, for each size, whether the step compiles and returns
 the untapped step's values bitwise with: no tap, `jax.debug.callback`,
 ordered `io_callback`, our tap on each transport, and our native tap in a
 step that returns the product twice (a second use of it that XLA keeps,
-as the CPU's end mark gives it), and our taps with the end mark that keeps
-the result on a GPU too (`executions.CUDA_END_MARK_VALIDATED`, off until
-this shows it compiles there); then, for each of our
+as the CPU's end mark gives it); then, for each of our
 taps that XLA refused, whether it compiles with each of CANDIDATE_OPTIONS
 added. With `--dump`, a refused tap is compiled once more in a process of
 its own with XLA's per-pass dumps, and the line names the last passes XLA
@@ -31,8 +29,7 @@ from typing import Any, Callable, Dict, Optional, Tuple
 
 SIZES = (64, 256)
 WAYS = ("none", "debug.callback", "io_callback(ordered)", "tap python",
-        "tap native", "tap native, ROOT a tuple", "tap python, end mark",
-        "tap native, end mark")
+        "tap native", "tap native, ROOT a tuple")
 # XLA GPU options that each turn off one candidate for the refusal: the
 # Triton GEMM fusions, autotuning, cuBLASLt epilogue fusion.
 CANDIDATE_OPTIONS: Tuple[Dict[str, Any], ...] = (
@@ -81,11 +78,9 @@ def try_compile(way: str, size: int,
   import jax  # pylint: disable=import-outside-toplevel
   import numpy as np  # pylint: disable=import-outside-toplevel
   import host_callback as hcb  # pylint: disable=import-outside-toplevel
-  from host_callback.primitive import executions  # pylint: disable=import-outside-toplevel
   if way.startswith("tap"):
     jax.config.update("jax_host_callback_transport",
                       way.split()[1].rstrip(","))
-  executions.CUDA_END_MARK_VALIDATED = way.endswith("end mark")
   x, w = _inputs(size)
   try:
     compiled = jax.jit(_step(way)).lower(x, w).compile(
