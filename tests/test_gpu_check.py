@@ -440,3 +440,28 @@ def test_gpu_targets_are_judged_from_the_figures():
   # Without the hardware's figures the copy targets fail, saying why.
   missing = targets.target_checks(_TIMINGS, _BENCH, [])
   assert [detail for _, _, detail in missing][3:5] == ["not measured"] * 2
+
+
+# --- The refusals ------------------------------------------------------------
+
+_REFUSED = ("refused: INTERNAL: RET_CHECK failure (external/xla+/xla/hlo/ir/"
+            "hlo_computation.cc:680) instruction->IsDead()")
+
+
+@pytest.mark.parametrize("tap_native, passes", [("ok", True),
+                                                (_REFUSED, False)])
+def test_the_refusals_pass_where_our_taps_compile_as_users_do(tap_native,
+                                                              passes):
+  """XLA's own refusal (the "no retry" lines, and a candidate option's) does
+  not fail the check; a tap of ours that a user's program could not
+  compile does."""
+  stdout = "\n".join([
+      f"gpu: 64x64, debug.callback: {_REFUSED}",
+      f"gpu: 64x64, tap native: {tap_native}",
+      f"gpu: 64x64, tap native, no retry: {_REFUSED}",
+      f"gpu: 64x64, tap native, no retry, with {{'xla_gpu_autotune_level': "
+      f"0}}: {_REFUSED}"])
+  findings = check.Findings(gpu="none", budget=16)
+  assert check._record_refusals(
+      findings, check.Outcome(0, stdout, "", 1.0)) == passes
+  assert findings.refusals == stdout

@@ -10,7 +10,10 @@ Each line here says, for each size, whether the step compiles and returns
 the untapped step's values bitwise with: no tap, `jax.debug.callback`,
 ordered `io_callback`, our tap on each transport, and our native tap in a
 step that returns the product twice (a second use of it that XLA keeps,
-as the CPU's end mark gives it); then, for each of our
+as the CPU's end mark gives it). Our taps compile as users' do, through
+the package's compile retry (on a GPU: the results behind an optimization
+barrier, host_callback/primitive/compile_retry.py); "no retry" is XLA's
+own answer, with the retry off. Then, for each of our
 taps that XLA refused, whether it compiles with each of CANDIDATE_OPTIONS
 added. With `--dump`, a refused tap is compiled once more in a process of
 its own with XLA's per-pass dumps, and the line names the last passes XLA
@@ -29,7 +32,8 @@ from typing import Any, Callable, Dict, Optional, Tuple
 
 SIZES = (64, 256)
 WAYS = ("none", "debug.callback", "io_callback(ordered)", "tap python",
-        "tap native", "tap native, ROOT a tuple")
+        "tap native", "tap native, ROOT a tuple", "tap python, no retry",
+        "tap native, no retry")
 # XLA GPU options that each turn off one candidate for the refusal: the
 # Triton GEMM fusions, autotuning, cuBLASLt epilogue fusion.
 CANDIDATE_OPTIONS: Tuple[Dict[str, Any], ...] = (
@@ -78,9 +82,13 @@ def try_compile(way: str, size: int,
   import jax  # pylint: disable=import-outside-toplevel
   import numpy as np  # pylint: disable=import-outside-toplevel
   import host_callback as hcb  # pylint: disable=import-outside-toplevel
+  from host_callback.primitive import compile_retry  # pylint: disable=import-outside-toplevel
   if way.startswith("tap"):
     jax.config.update("jax_host_callback_transport",
                       way.split()[1].rstrip(","))
+  retries = dict(compile_retry.RETRIES)
+  if way.endswith("no retry"):
+    compile_retry.RETRIES.clear()
   x, w = _inputs(size)
   try:
     compiled = jax.jit(_step(way)).lower(x, w).compile(
@@ -91,6 +99,8 @@ def try_compile(way: str, size: int,
     jax.effects_barrier()
   except Exception as error:  # pylint: disable=broad-except
     return "refused: " + (str(error).strip().splitlines() or [""])[0][:160]
+  finally:
+    compile_retry.RETRIES.update(retries)
   expected = np.asarray(jax.jit(_step("none"))(x, w))
   return "ok" if np.array_equal(out, expected) else "values differ"
 
