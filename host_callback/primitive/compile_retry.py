@@ -20,7 +20,8 @@ ROOT does not help but a ROOT behind an optimization barrier does: a
 refused GPU computation is compiled once more with its results returned
 through `stablehlo.optimization_barrier`, which there returned the untapped
 program's values bitwise. Only a refused one: the barrier keeps XLA from
-fusing the product's epilogue, which at 256x256 changed the values.
+fusing the product's epilogue, which at 256x256 changed the values. There
+XLA's error log of the first attempt is not held back (see `_GPU_RETRY`).
 """
 
 from __future__ import annotations
@@ -32,7 +33,7 @@ import os
 import sys
 import tempfile
 import threading
-from typing import Any, Callable, Dict, Iterator, Tuple
+from typing import Any, Callable, Dict, Iterator, Optional, Tuple
 
 # XLA's debug option that lists the CPU library's fusions: its default in
 # jax 0.10 to 0.12 less LIBRARY_FUSION_TYPE_REDUCE.
@@ -50,23 +51,34 @@ _stderr_lock = threading.Lock()
 Compile = Callable[..., Any]
 
 
+# The platforms of JAX's GPU backends (a CUDA backend's is "gpu").
+GPU_PLATFORMS = frozenset({"cuda", "rocm", "gpu"})
+
+
 @dataclasses.dataclass(frozen=True)
 class Retry:
-  """How a refused computation is compiled once more, and how the debug
-  log says it was."""
+  """How a refused computation is compiled once more: with `options`
+  added, its results behind an optimization barrier where
+  `result_barrier`; only after an error whose text holds `refusal` (any
+  error where None); XLA's error log of the first attempt held back where
+  `hold_stderr`. `how` is what the debug log says."""
   options: Tuple[Tuple[str, Any], ...]
   result_barrier: bool
+  refusal: Optional[str]
+  hold_stderr: bool
   how: str
 
 
-# By the platform of JAX's backend (a CUDA backend's is "gpu").
-RETRIES: Dict[str, Retry] = {
-    "cpu": Retry(NO_REDUCTION_FUSION, False,
-                 "without the reduction fusions of XLA's CPU library"),
-    "gpu": Retry((), True, "with its results behind an optimization "
-                 "barrier"),
-}
-RETRIES["cuda"] = RETRIES["gpu"]
+_CPU_RETRY = Retry(NO_REDUCTION_FUSION, False, None, True,
+                   "without the reduction fusions of XLA's CPU library")
+# A GPU's first attempt keeps file descriptor 2: holding it would make
+# compiles wait for one another, and a compile that waits for a running
+# computation (autotuning, docs/gpu.md) would hold up a host function of
+# that computation that compiles too. XLA's log of the refusal shows.
+_GPU_RETRY = Retry((), True, "IsDead()", False,
+                   "with its results behind an optimization barrier")
+RETRIES: Dict[str, Retry] = {"cpu": _CPU_RETRY, **{
+    platform: _GPU_RETRY for platform in GPU_PLATFORMS}}
 
 
 def compile_ours(compile_with: Compile, *, platform: str,
@@ -74,16 +86,18 @@ def compile_ours(compile_with: Compile, *, platform: str,
   """Compiles a computation with our ops: `compile_with(())`, and, if XLA
   refuses it on a platform that RETRIES names, once more as that says; the
   first error stands if that fails too. `root_kept`: whether the lowering
-  gave the ROOT the user that avoids the known refusal (then nothing is
-  held back)."""
+  gave the ROOT the user that avoids the known refusal on CPU (then nothing
+  is held back)."""
   retry = RETRIES.get(platform)
   if retry is None:
     return compile_with(())
   held: list = []
   try:
-    with _holding_stderr(held, enabled=not root_kept):
+    with _holding_stderr(held, enabled=retry.hold_stderr and not root_kept):
       return compile_with(())
   except Exception as error:  # pylint: disable=broad-except
+    if retry.refusal is not None and retry.refusal not in str(error):
+      raise
     try:
       executable = compile_with(retry.options,
                                 result_barrier=retry.result_barrier)

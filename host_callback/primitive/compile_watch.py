@@ -15,13 +15,15 @@ from __future__ import annotations
 
 import contextlib
 import logging
+import os
 import threading
 from typing import Any, Iterator, Tuple
 
+from .compile_retry import GPU_PLATFORMS
 from ..receiver.consumer_threads import in_consumer_thread
 
 # The platforms whose compiles can wait for a running computation.
-WATCHED_PLATFORMS = frozenset({"cuda", "rocm", "gpu"})
+WATCHED_PLATFORMS = GPU_PLATFORMS
 # How long a compile started in a host function runs before the warning;
 # longer than a small function's autotuning takes.
 WARN_AFTER_SECONDS = 10.0
@@ -38,12 +40,18 @@ NO_AUTOTUNE_VALIDATED = True
 MESSAGE = (
     "host_callback: a host function has been compiling a JAX function for "
     "the {platform} for {seconds:.0f} s while the computation that runs it "
-    "waits for it. This is likely a deadlock: XLA's autotuner needs the "
-    "GPU to itself and waits for that computation, which waits for this "
-    "host function. Compile the function before the computation runs (call "
-    "it once, or jax.jit(f).lower(...).compile()), or leave autotuning out: "
-    "jax.jit(f, compiler_options={{'xla_gpu_autotune_level': 0}}), which "
-    "host_callback sets itself where such a compile sets no level.")
+    "waits for it. If it autotunes, this is likely a deadlock: XLA's "
+    "autotuner needs the GPU to itself and waits for that computation, "
+    "which waits for this host function. Compile the function before the "
+    "computation runs (call it once, or jax.jit(f).lower(...).compile()). "
+    "host_callback leaves autotuning out of such a compile, as "
+    "jax.jit(f, compiler_options={{'xla_gpu_autotune_level': 0}}) does, "
+    "unless its compiler_options or XLA_FLAGS set a level.")
+
+
+def _flags_set_autotune_level() -> bool:
+  """Whether XLA_FLAGS sets the autotune level (then it stands)."""
+  return "--xla_gpu_autotune_level" in os.environ.get("XLA_FLAGS", "")
 
 
 @contextlib.contextmanager
@@ -51,8 +59,8 @@ def watching(platform: str) -> Iterator[Tuple[Tuple[str, Any], ...]]:
   """Warns once if the compile in the block, started by one of our host
   functions for `platform` (a GPU), runs longer than WARN_AFTER_SECONDS.
   Yields the compile options to add where the compile sets none of that
-  name: NO_AUTOTUNE for such a compile where NO_AUTOTUNE_VALIDATED, else
-  none."""
+  name: NO_AUTOTUNE for such a compile where NO_AUTOTUNE_VALIDATED and
+  XLA_FLAGS sets no level, else none."""
   if platform not in WATCHED_PLATFORMS or not in_consumer_thread():
     yield ()
     return
@@ -61,7 +69,8 @@ def watching(platform: str) -> Iterator[Tuple[Tuple[str, Any], ...]]:
   timer.daemon = True
   timer.start()
   try:
-    yield NO_AUTOTUNE if NO_AUTOTUNE_VALIDATED else ()
+    yield (NO_AUTOTUNE if NO_AUTOTUNE_VALIDATED and
+           not _flags_set_autotune_level() else ())
   finally:
     timer.cancel()
 

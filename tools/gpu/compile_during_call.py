@@ -36,7 +36,8 @@ function runs (docs/gpu.md). "own_no_autotune" compiles with
 names (host_callback/primitive/compile_watch.py); "own_auto_no_autotune"
 compiles with no option, the package adding that one
 (`compile_watch.NO_AUTOTUNE_VALIDATED`, on since these cases passed on an
-H200, 2026-11-30); the other cases run with it off, as before it.
+H200, 2026-11-30), and "tap_before_auto" is "tap before" so; the other
+cases run with it off, as before it.
 """
 
 from __future__ import annotations
@@ -66,7 +67,8 @@ OWN = tuple(itertools.product(
         ("native", "tap_before"), ("python", "tap_before"),
         ("native", "own_no_autotune"), ("python", "own_no_autotune"),
         ("native", "own_auto_no_autotune"),
-        ("python", "own_auto_no_autotune")) + tuple(
+        ("python", "own_auto_no_autotune"), ("native", "tap_before_auto"),
+        ("python", "tap_before_auto")) + tuple(
             itertools.product(("pure_callback", "io_callback_ordered"),
                               ("own_after_ours", "own_after_jax")))
 WAIT_SECONDS = 20
@@ -89,9 +91,10 @@ def own_case(call: str, where: str) -> str:
   # "own_no_autotune": the workaround that compile_watch's warning names.
   options = ({"xla_gpu_autotune_level": 0} if where == "own_no_autotune"
              else None)
-  # "own_auto_no_autotune": the package adds that option itself.
+  # "..._auto...": the package adds that option itself.
   from host_callback.primitive import compile_watch  # pylint: disable=import-outside-toplevel
-  compile_watch.NO_AUTOTUNE_VALIDATED = where == "own_auto_no_autotune"
+  compile_watch.NO_AUTOTUNE_VALIDATED = where in ("own_auto_no_autotune",
+                                                  "tap_before_auto")
 
   def compile_and_run(a):
     fresh = jax.jit(lambda v: jnp.sum(v) * 2 + 1,  # never compiled before
@@ -141,7 +144,9 @@ def own_case(call: str, where: str) -> str:
                "own host function (autotune level 0 by the package)",
            "own_after_ours": "own host function (after ours ran)",
            "own_after_jax": "own host function (after JAX's ran)",
-           "tap_before": "preceding tap"}[where]
+           "tap_before": "preceding tap",
+           "tap_before_auto": "preceding tap (autotune level 0 by the "
+                              "package)"}[where]
   return (f"{jax.default_backend()}: a {call} call whose {whose} "
           f"compiles: ok ({time.perf_counter() - start:.2f} s)")
 
