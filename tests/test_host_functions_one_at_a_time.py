@@ -16,13 +16,23 @@ import numpy as np
 import pytest
 
 import host_callback as hcb
-from helpers import cpu_devices
+from helpers import cpu_devices, on_a_cpu_device
 
 # A hang would be inside a host callback, where the default (signal) method
 # cannot interrupt it: the thread method ends the run instead.
 pytestmark = pytest.mark.timeout(60, method="thread")
 
 _WAIT_SECONDS = 10.0
+
+
+@pytest.fixture(autouse=True)
+def _on_a_cpu():
+  """The programs run on one CPU device whatever the default backend is,
+  the arrays that host functions pass them too (set globally): on the GPU
+  machine a host function's `ask(x)` of a NumPy array ran on the GPU, not
+  behind the tap queued on the CPU device."""
+  with on_a_cpu_device():
+    yield
 
 
 def _waiting(device) -> int:
