@@ -6,18 +6,22 @@ default backend (a GPU's are the ones of interest):
     python -m tools.gpu.timings --list          # the cases' names
 
 - per step of a scan of tiny steps: no tap, a tap per step on each
-  transport, a tap every 1000th step behind a `lax.cond`, and
-  `jax.debug.callback`;
+  transport, a tap every 1000th step behind a `lax.cond`,
+  `jax.debug.callback`, and the floors of a tap (`tools/bench/floors.py`):
+  a custom call that does nothing (XLA's dispatch of one) and one that
+  calls a Python function that does nothing;
 - a scan of a 16x16 matmul with `scan_tqdm` at its default rate and at
   `print_rate=1`, beside the scan without a bar;
 - a training loop of a ~1 ms step (matrix products, sized on the device
   at hand) with a tap of the loss and `barrier_wait()` every step, beside
   the same loop without the tap and the barrier;
 - a small jitted step (one product of 16x16, as the training loop's) from
-  a Python loop: without a tap, with a native tap, and with a native tap in an
+  a Python loop: without a tap, with a native tap, with a native tap in an
   executable lowered without the host callbacks that keep its host
-  function alive (a diagnostic: whether those callbacks are what a
-  jitted step with a tap costs most on a GPU; the loops take turns);
+  function alive, and with the floor's custom call that does nothing
+  instead of a tap (diagnostics: what of a jitted step with a tap costs
+  most on a GPU, those callbacks or XLA's custom call; the loops take
+  turns);
 - a 256 MiB identity round trip with `call(..., buffers=True)` filling
   `out=` by a CuPy copy on the computation's stream, beside one
   device-to-device copy, `jax.experimental.buffer_callback` (CuPy too)
@@ -46,6 +50,7 @@ from host_callback import _jax_adapter as adapter
 from host_callback import settings
 from host_callback.tqdm import scan_tqdm
 
+from tools.bench import floors
 from tools.bench.barrier_scenarios import loop_times, upper_median
 
 Row = Tuple[str, float, str]
@@ -85,6 +90,16 @@ def _scan_step_us(op: Callable, steps: int = 20000) -> float:
 
 def _tap(x, i) -> None:
   hcb.id_tap(_noop, x)
+
+
+def _floor_op(kind: str) -> Callable:
+  """The floor `kind`'s custom call (`tools.bench.floors`) for the default
+  backend's XLA platform."""
+  op = floors.step_op(kind, "cpu" if jax.default_backend() == "cpu"
+                      else "CUDA")
+  if op is None:
+    raise RuntimeError("the floors need the native module")
+  return op
 
 
 def _rare_tap(x, i) -> None:
@@ -131,8 +146,13 @@ def _bar_case(print_rate: Optional[int], transport: Optional[str],
   return case
 
 
-def _step_of(size: int, products: int, tapped: bool) -> Callable:
+def _step_of(size: int, products: int, tapped: bool,
+             floor: Optional[str] = None) -> Callable:
+  """A jitted step of `products` products of `size`x`size` that returns
+  its loss and state, with a tap of the loss where `tapped`, or the floor
+  `floor`'s custom call on it."""
   weights = jnp.full((size, size), 1e-4, jnp.float32)
+  observe = _floor_op(floor) if floor else None
 
   # The step returns its loss: with a tap's result unused, XLA's CPU
   # compiler fails on this step (jax 0.10.2 to 0.12.0.1: "RET_CHECK
@@ -143,6 +163,8 @@ def _step_of(size: int, products: int, tapped: bool) -> Callable:
     for _ in range(products):
       x = jnp.tanh(x @ weights)
     loss = jnp.sum(x)
+    if observe is not None:
+      loss = observe(loss)
     return (hcb.id_tap(_noop, loss) if tapped else loss), x
   return step
 
@@ -210,7 +232,9 @@ def host_callback_rows(steps: int = 2000) -> List[Row]:
   x = jnp.ones((16, 16), jnp.float32)
   # Each loop pays for the same `with` of the transport.
   loops = {"no tap": _on("native", _step_of(16, 1, False)),
-           "one native tap": _on("native", _step_of(16, 1, True))}
+           "one native tap": _on("native", _step_of(16, 1, True)),
+           "one custom call that does nothing (XLA's floor)": _on(
+               "native", _step_of(16, 1, False, floor="dispatch"))}
   with _lowered_without_host_callbacks():
     bare = loops["one native tap, executable without host callbacks"] = (
         _on("native", _step_of(16, 1, True)))
@@ -274,6 +298,12 @@ def _cases() -> Dict[str, Callable[[], List[Row]]]:
   cases["scan/debug-callback"] = _scan_case(
       "+ jax.debug.callback every step",
       lambda x, i: jax.debug.callback(_noop, x))
+  for kind, what in (("dispatch", "a custom call that does nothing"),
+                     ("python", "a custom call that calls a Python "
+                                "function that does nothing")):
+    cases[f"scan/floor-{kind}"] = _scan_case(
+        f"+ {what} every step (the floor)",
+        lambda x, i, kind=kind: _floor_op(kind)(x))
   cases["bars/no-bar"] = _bar_case(None, None)
   for transport in TRANSPORTS:
     cases[f"bars/default-rate-{transport}"] = _bar_case(None, transport)
