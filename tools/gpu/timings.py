@@ -14,7 +14,7 @@ default backend (a GPU's are the ones of interest):
   `print_rate=1`, beside the scan without a bar;
 - a training loop of a ~1 ms step (matrix products, sized on the device
   at hand) with a tap of the loss and `barrier_wait()` every step, beside
-  the same loop without the tap and the barrier;
+  the same loop without the tap and the barrier, and with either alone;
 - a small jitted step (one product of 16x16, as the training loop's) from
   a Python loop: without a tap, with a native tap, with a native tap in an
   executable lowered without the host callbacks that keep its host
@@ -202,6 +202,12 @@ def training_rows(steps: int = 300) -> List[Row]:
   for transport in TRANSPORTS:
     loops[f"tap + barrier_wait() every step ({transport})"] = (
         _on(transport, tapped), lambda y: hcb.barrier_wait())
+  # Which of the two costs what (a diagnostic): the tap alone, the
+  # barrier alone.
+  loops["tap + block_until_ready every step (native)"] = (
+      _on("native", tapped), jax.block_until_ready)
+  loops["no tap, barrier_wait() every step (native)"] = (
+      _on("native", plain), lambda y: hcb.barrier_wait())
   loop_times(x, 20, 1, loops)  # compiles
   times = loop_times(x, steps, 1, loops)
   return [(f"~1 ms step ({products} products of {size}x{size}): {name}",
