@@ -816,9 +816,10 @@ def with_result_barrier(module: Any) -> Any:
   with module.context:
     copy = _ir.Module.parse(module.operation.get_asm(enable_debug_info=True))
     main = next(op for op in copy.body.operations
-                if _ir.StringAttr(op.attributes["sym_name"]).value == "main")
-    returned = main.regions[0].blocks[0].operations[
-        len(main.regions[0].blocks[0].operations) - 1]
+                if "sym_name" in op.attributes and
+                _ir.StringAttr(op.attributes["sym_name"]).value == "main")
+    body = main.regions[0].blocks[0].operations
+    returned = body[len(body) - 1]
     with _ir.InsertionPoint(returned), returned.location:
       barrier = hlo.OptimizationBarrierOp(list(returned.operands))
     for index, result in enumerate(barrier.results):
@@ -846,8 +847,8 @@ def _install_compile_retry(compile_ours: Callable[..., Any],
     given = tuple(compiler_options_kvs)
     marks = computation.operation.attributes
     with watching(backend.platform) as defaults:
-      given += tuple(option for option in defaults
-                     if option[0] not in dict(given))
+      named = {name for name, _ in given}
+      given += tuple(option for option in defaults if option[0] not in named)
 
       def compile_with(options: Tuple[Tuple[str, Any], ...], *,
                        result_barrier: bool = False) -> Any:

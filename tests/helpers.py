@@ -113,6 +113,24 @@ def on_a_cpu_device() -> Iterator[None]:
     jax.config.update("jax_default_device", previous)
 
 
+def compiled_modules(monkeypatch: Any) -> List[Tuple[Any, Any]]:
+  """From now on, (module, compile options) of each compile that XLA took,
+  in order: JAX's compile of a module (jax._src.compiler.
+  compile_or_get_cached, below the package's compile wrapper) is
+  watched."""
+  from jax._src import compiler  # pylint: disable=import-outside-toplevel
+  seen: List[Tuple[Any, Any]] = []
+  compile_ = compiler.compile_or_get_cached
+
+  def watched(backend, computation, devices, compile_options, *args, **kw):
+    executable = compile_(backend, computation, devices, compile_options,
+                          *args, **kw)
+    seen.append((computation, compile_options))
+    return executable
+  monkeypatch.setattr(compiler, "compile_or_get_cached", watched)
+  return seen
+
+
 def needs_cpu_default_backend(why: str) -> None:
   """Skips the test, saying `why`, unless JAX's default backend is CPU."""
   if jax.default_backend() != "cpu":

@@ -12,7 +12,7 @@ import pytest
 import host_callback as hcb
 from host_callback.primitive import compile_watch
 
-from helpers import on_a_cpu_device, wait_until
+from helpers import compiled_modules, on_a_cpu_device, wait_until
 
 
 @pytest.fixture
@@ -61,27 +61,10 @@ def test_a_compile_outside_host_functions_is_not_watched(watched_cpu):
   assert _warnings(watched_cpu) == []
 
 
-@pytest.fixture
-def compiled_options(monkeypatch):
-  """The compile options that reach XLA, per compile: JAX's compile of a
-  module (jax._src.compiler.compile_or_get_cached, below the package's
-  compile wrapper) is watched."""
-  from jax._src import compiler  # pylint: disable=import-outside-toplevel
-  seen = []
-  compile_ = compiler.compile_or_get_cached
-
-  def watched(backend, computation, devices, compile_options, *args, **kw):
-    seen.append(dict(compile_options.env_option_overrides))
-    return compile_(backend, computation, devices, compile_options, *args,
-                    **kw)
-  monkeypatch.setattr(compiler, "compile_or_get_cached", watched)
-  return seen
-
-
 @pytest.mark.parametrize("validated, xla_flags", [
     (False, ""), (True, ""), (True, "--xla_gpu_autotune_level=3")])
 def test_a_compile_in_a_host_function_leaves_out_autotuning_once_validated(
-    watched_cpu, compiled_options, monkeypatch, validated, xla_flags):
+    watched_cpu, monkeypatch, validated, xla_flags):
   """Where NO_AUTOTUNE_VALIDATED, a compile started by a host function on a
   watched platform gets xla_gpu_autotune_level 0 unless it sets that
   option itself, or XLA_FLAGS does; a compile outside host functions
@@ -96,11 +79,11 @@ def test_a_compile_in_a_host_function_leaves_out_autotuning_once_validated(
     return a
 
   two, three = jnp.float32(2), jnp.float32(3)  # compiled before: not counted
-  compiled_options.clear()
+  compiled = compiled_modules(monkeypatch)
   jax.jit(lambda v: hcb.call(host, v, result_shape=v))(two)
   _fresh_function()(three).block_until_ready()
-  levels = [options.get("xla_gpu_autotune_level")
-            for options in compiled_options]
+  levels = [dict(options.env_option_overrides).get("xla_gpu_autotune_level")
+            for _, options in compiled]
   # the step, the host function's two functions, the one outside
   assert levels == [None, 0 if validated and not xla_flags else None, 2,
                     None]

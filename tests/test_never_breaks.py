@@ -18,7 +18,7 @@ import pytest
 
 import host_callback as hcb
 
-from helpers import Recorder, cpu_devices, run_python
+from helpers import Recorder, compiled_modules, cpu_devices, run_python
 
 pytestmark = pytest.mark.usefixtures("both_modes")
 
@@ -277,32 +277,26 @@ def test_the_barrier_retry_compiles_the_module_with_its_results_behind_it(
   module compiled again is a copy whose main returns its results through
   one optimization barrier, XLA compiles that copy, and the step's values
   are the untapped ones."""
-  from jax._src import compiler
   from host_callback import _jax_adapter
   from host_callback.primitive import compile_retry
   monkeypatch.setitem(compile_retry.RETRIES, "cpu", compile_retry.Retry(
       compile_retry.NO_REDUCTION_FUSION, True, None, True,
       "behind a barrier (test)"))
-  rewritten, compiled_barriers = [], []
-  rewrite, compile_ = (_jax_adapter.with_result_barrier,
-                       compiler.compile_or_get_cached)
+  rewritten, rewrite = [], _jax_adapter.with_result_barrier
 
   def spy(module):
     before = str(module)
     copy = rewrite(module)
     rewritten.append((before, str(module), str(copy)))
     return copy
-
-  def compiling(backend, computation, *args, **kwargs):
-    executable = compile_(backend, computation, *args, **kwargs)
-    compiled_barriers.append("optimization_barrier" in str(computation))
-    return executable
   monkeypatch.setattr(_jax_adapter, "with_result_barrier", spy)
-  monkeypatch.setattr(compiler, "compile_or_get_cached", compiling)
+  compiled = compiled_modules(monkeypatch)
   test_automatically_sharded_step(retries)
   [(before, after, copy)] = rewritten
   assert before == after and "optimization_barrier" not in before
-  assert compiled_barriers.count(True) == 1  # the copy, which XLA took
+  # the copy, which XLA took
+  assert ["optimization_barrier" in str(module)
+          for module, _ in compiled].count(True) == 1
   main = copy[copy.index("func.func public @main"):]
   barrier = re.search(r"(%\S+)(?::\d+)? = stablehlo\.optimization_barrier "
                       r"(%\S+)", main)

@@ -1,10 +1,11 @@
 """The floors of a tap in a scan step (issue 63): two FFI custom calls of
 the native module's test helpers (`receiver/native/module_testing.cc`),
 which the bench registers with XLA's CPU (and `tools.gpu.timings` with
-CUDA: they use no stream) when it first asks, never at import. "dispatch" does nothing with its scalar operand: XLA's dispatch of
-a custom call. "python" takes the GIL and calls a Python function that
-does nothing: what any tap whose host function runs costs at least. Both
-are side-effecting, so that XLA neither hoists nor removes them."""
+CUDA: they use no stream) when it first asks, never at import. "dispatch"
+does nothing with its scalar operand: XLA's dispatch of a custom call.
+"python" takes the GIL and calls a Python function that does nothing:
+what any tap whose host function runs costs at least. Both are
+side-effecting, so that XLA neither hoists nor removes them."""
 
 from __future__ import annotations
 

@@ -66,16 +66,17 @@ def _judge(name: str, figures: Sequence[Optional[float]],
   return name, ok, detail
 
 
-def _floors(rows: Sequence[Row], scan_plain: Optional[float]) -> str:
-  """The floors of a tap in a scan step over the no-tap step, measured
-  where the timing rows have them: "; floors: XLA's +a, Python's +b"."""
+def _floors(rows: Sequence[Row], scan_plain: float) -> str:
+  """The floors of a tap in a scan step over the no-tap step (`scan_plain`
+  µs), measured where the timing rows have them: "; floors: XLA's +a,
+  Python's +b"."""
   figures = [(who, _timing(rows, rf"\+ {what} every step \(the floor\)"))
              for who, what in (
                  ("XLA's", "a custom call that does nothing"),
                  ("Python's", "a custom call that calls a Python function "
                               "that does nothing"))]
   shown = [f"{who} +{value - scan_plain:.1f}" for who, value in figures
-           if value is not None and scan_plain is not None]
+           if value is not None]
   return f"; floors: {', '.join(shown)}" if shown else ""
 
 
