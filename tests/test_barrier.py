@@ -194,8 +194,8 @@ def test_a_barrier_after_finished_steps_dispatches_nothing(
 def test_barrier_waits_for_kept_steps_whose_input_was_not_ready(steps):
   """Each step waits for `_busy`'s output, and the program holds every
   output: those arrays are not ready, so the barrier waits for the steps
-  (on its probes), as it does after more dispatches (10) than it
-  follows."""
+  (on those arrays, or on its probes after more dispatches, 10, than it
+  follows)."""
   recorder = Recorder()
   step = jax.jit(lambda y: (hcb.id_tap(recorder, jnp.sum(y[0, :3])), y))
   x = _busy_input(cpu_devices(1)[0])
@@ -212,6 +212,60 @@ def test_barrier_waits_for_kept_steps_whose_input_was_not_ready(steps):
   del kept
   expected = [float(np.sum(_busy(y)[0, :3])) for y in inputs]
   np.testing.assert_allclose(received, expected, rtol=1e-5)
+
+
+def _running_step(recorder, x):
+  """A step with a tap, then one that was dispatched behind `_busy` (it
+  still runs) with its input and outputs held: a training step that a
+  barrier follows."""
+  step = jax.jit(lambda y: (hcb.id_tap(recorder, jnp.sum(y[0, :3])), y))
+  step(x)
+  hcb.barrier_wait()
+  recorder.calls.clear()
+  busy = _busy(x)
+  return busy, step(busy)
+
+
+def test_a_barrier_after_a_running_step_waits_on_its_outputs(
+    both_modes, monkeypatch):
+  """A barrier right after a step that still runs, whose outputs the
+  program holds, waits on them for the step, as `block_until_ready`
+  would: in the synchronous mode that is all it waits for, and it
+  dispatches no probe."""
+  recorder = Recorder()
+  x = _busy_input(cpu_devices(1)[0])
+  dispatched = _probes_dispatched(monkeypatch)
+  busy, (loss, y) = _running_step(recorder, x)
+  dispatched.clear()
+  assert not loss.is_ready() and not y.is_ready()
+  hcb.barrier_wait()
+  np.testing.assert_allclose([float(a) for a in recorder.args],
+                             [float(np.sum(busy[0, :3]))], rtol=1e-5)
+  if both_modes == "synchronous":
+    assert dispatched == []
+
+
+def test_a_barrier_after_a_running_step_that_fails_reports_as_before(
+    both_modes):
+  """A step whose call raises, still running when the barrier begins:
+  waiting on its outputs meets the step's error. As after a step that has
+  finished, the barrier raises the host function's error in the outfeed
+  mode; in the synchronous mode the failed step is its only report."""
+  def fail(value):
+    raise ValueError("no value")
+
+  step = jax.jit(lambda y: (hcb.call(fail, y[0, 0], result_shape=y[0, 0]),
+                            y))
+  x = _busy_input(cpu_devices(1)[0])
+  hcb.barrier_wait()
+  outputs = step(_busy(x))
+  if both_modes == "synchronous":
+    hcb.barrier_wait()
+  else:
+    with pytest.raises(hcb.CallbackException, match="no value"):
+      hcb.barrier_wait()
+  with pytest.raises(Exception, match="no value"):
+    jax.block_until_ready(outputs)
 
 
 def test_barrier_waits_after_a_step_whose_outputs_were_deleted(monkeypatch):

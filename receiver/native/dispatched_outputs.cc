@@ -16,7 +16,8 @@ namespace {
 
 PyObject* array_type = nullptr;  // a strong reference
 PyObject* slots_key = nullptr;   // the list's key in the thread state dict
-PyObject* is_ready = nullptr;    // the name of the arrays' method
+PyObject* is_ready = nullptr;    // the names of the arrays' methods
+PyObject* block_until_ready = nullptr;
 
 // The number of the dispatch each entry of the list is of; 0: none.
 thread_local int64_t noted[kDispatchesFollowed] = {};
@@ -91,16 +92,24 @@ void Keep(PyObject* slots, Py_ssize_t index, PyObject* array) {
   PyList_SetItem(slots, index, reference);  // drops the entry's old one
 }
 
-// Whether the array that `reference` refers to is ready: 1 or 0; -1 where
-// it cannot tell (the array is gone or deleted, or `reference` is None).
-int Ready(PyObject* reference) {
+// The array that `reference` refers to (a new reference); null where it
+// is gone or `reference` is None, with no exception.
+PyObject* Referent(PyObject* reference) {
   PyObject* array =
       reference == Py_None ? nullptr : PyObject_CallNoArgs(reference);
   if (array == nullptr || array == Py_None) {
     PyErr_Clear();
     Py_XDECREF(array);
-    return -1;
+    return nullptr;
   }
+  return array;
+}
+
+// Whether the array that `reference` refers to is ready: 1 or 0; -1 where
+// it cannot tell (the array is gone or deleted, or `reference` is None).
+int Ready(PyObject* reference) {
+  PyObject* array = Referent(reference);
+  if (array == nullptr) return -1;
   PyObject* ready = PyObject_CallMethodObjArgs(array, is_ready, nullptr);
   Py_DECREF(array);
   if (ready == nullptr) {
@@ -117,10 +126,13 @@ void SetDispatchedArrayType(PyObject* type) {
   if (slots_key == nullptr) {
     slots_key = PyUnicode_InternFromString("host_callback.dispatched_outputs");
     is_ready = PyUnicode_InternFromString("is_ready");
-    if (slots_key == nullptr || is_ready == nullptr) {
+    block_until_ready = PyUnicode_InternFromString("block_until_ready");
+    if (slots_key == nullptr || is_ready == nullptr ||
+        block_until_ready == nullptr) {
       PyErr_Clear();
       Py_CLEAR(slots_key);
       Py_CLEAR(is_ready);
+      Py_CLEAR(block_until_ready);
       return;
     }
   }
@@ -153,7 +165,7 @@ bool DispatchesFinished(int64_t after, int64_t last) {
   for (int64_t number = after + 1; number <= last; ++number) {
     const int64_t entry = number % kDispatchesFollowed;
     if (noted[entry] != number) return false;
-    // One array alive suffices: they are ready together.
+    // One array ready suffices: none is before the execution's end.
     const int first = Ready(PyList_GetItem(slots, 2 * entry));
     if (first == 0 ||
         (first < 0 && Ready(PyList_GetItem(slots, 2 * entry + 1)) != 1)) {
@@ -161,6 +173,31 @@ bool DispatchesFinished(int64_t after, int64_t last) {
     }
   }
   return true;
+}
+
+int AwaitDispatches(int64_t after, int64_t last) {
+  if (last <= after || last - after > kDispatchesFollowed) return 0;
+  PyObject* slots = Slots(false);
+  if (slots == nullptr) return 0;
+  for (int64_t number = after + 1; number <= last; ++number) {
+    const int64_t entry = number % kDispatchesFollowed;
+    if (noted[entry] != number) return 0;
+    PyObject* array = Referent(PyList_GetItem(slots, 2 * entry));
+    if (array == nullptr) {
+      array = Referent(PyList_GetItem(slots, 2 * entry + 1));
+    }
+    if (array == nullptr) return 0;
+    PyObject* waited =
+        PyObject_CallMethodObjArgs(array, block_until_ready, nullptr);
+    Py_DECREF(array);
+    if (waited == nullptr) {
+      if (!PyErr_ExceptionMatches(PyExc_Exception)) return -1;
+      PyErr_Clear();  // a deleted array, or its computation's error
+      return 0;
+    }
+    Py_DECREF(waited);
+  }
+  return 1;
 }
 
 }  // namespace hcb::python

@@ -1,10 +1,11 @@
 // What the last few dispatches on each thread output, as JAX's dispatch
 // reports it (dispatches.h counts them): weak references to two arrays of
-// each, for barrier_wait's idle check. Every array that one execution
-// outputs on a CPU is defined by the same event, the execution's end, so
-// one of them being ready shows that the execution has finished, host
-// functions included: a barrier after a few dispatches whose arrays are
-// all ready has nothing of theirs to wait for (idle_check.cc).
+// each, for barrier_wait's idle check. No array that one execution
+// outputs on a CPU is ready before the execution has ended, host functions
+// included (XLA's CPU client marks them once its thunks have all run, one
+// after another), so one of them being ready shows that the execution has
+// finished: a barrier after a few dispatches whose arrays are all ready
+// has nothing of theirs to wait for (idle_check.cc).
 
 #ifndef HOST_CALLBACK_RECEIVER_NATIVE_DISPATCHED_OUTPUTS_H_
 #define HOST_CALLBACK_RECEIVER_NATIVE_DISPATCHED_OUTPUTS_H_
@@ -33,6 +34,14 @@ void NoteDispatchedOutput(PyObject* output, int64_t number);
 // Never raises; an array that cannot tell (deleted, say) counts as not
 // finished.
 bool DispatchesFinished(int64_t after, int64_t last);
+
+// Waits until this thread's dispatches numbered after `after`, up to
+// `last`, have finished, blocking on a noted array of each that is alive
+// (with the GIL released, as the array's block_until_ready does): 1 when
+// it waited for each, 0 where one was not noted, its arrays are gone or
+// its wait raised an Exception (cleared), -1 with another exception set
+// (Ctrl-C's KeyboardInterrupt).
+int AwaitDispatches(int64_t after, int64_t last);
 
 }  // namespace hcb::python
 

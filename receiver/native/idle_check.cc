@@ -18,7 +18,9 @@
 // and dicts of queues whose every queue has finished what was enqueued
 // (the Python transport's); an object given as its namespace dict is read
 // there. An idle barrier after finished dispatches records their counts
-// as a barrier that waited would. The Python side is
+// as a barrier that waited would. A barrier that is not idle first waits
+// for those dispatches where it can (AwaitDispatchesSinceWaited), then
+// checks again. The Python side is
 // host_callback/barrier/idle.py and
 // receiver/native_library.py:configure_idle_check.
 
@@ -235,6 +237,20 @@ int Idle() {
   return hold;
 }
 
+// Before a barrier on this thread that is not idle waits on its probes:
+// where the last barrier that waited left counts (it covered every
+// device), waits for this thread's dispatches since, each of which has a
+// noted array alive (the training step that the barrier follows), as the
+// probes would, in one call. 1 when it waited for them all (the barrier
+// may be idle now), 0 where it could not, -1 with an exception set.
+int AwaitDispatchesSinceWaited() {
+  if (waited.generation != watches.generation || RunsHostFunctionHere()) {
+    return 0;
+  }
+  return AwaitDispatches(waited.on_this_thread,
+                         Dispatches::Get().OnThisThread());
+}
+
 // idle_now() -> whether a barrier on this thread is idle (see the top).
 PyObject* IdleNow(PyObject*, PyObject*) {
   const int idle = Idle();
@@ -259,7 +275,8 @@ struct Barrier {
 Barrier barrier;
 
 // `barrier_wait(logging_name=None)`: None at once where the barrier is idle
-// and `logs()` is false; else what `wait(logging_name)` returns. Arguments
+// (perhaps once the dispatches since the last barrier have finished) and
+// `logs()` is false; else what `wait(logging_name)` returns. Arguments
 // it does not take go to `wait`, which rejects them.
 PyObject* BarrierWait(PyObject*, PyObject* const* args, Py_ssize_t nargs,
                       PyObject* kwnames) {
@@ -269,7 +286,14 @@ PyObject* BarrierWait(PyObject*, PyObject* const* args, Py_ssize_t nargs,
                                            kwnames, 0),
                                        barrier.logging_name) == 0);
   if (takes) {
-    const int idle = Idle();
+    int idle = Idle();
+    // Without an argument (the drain at exit names itself): what the
+    // probes would wait for first, the step just dispatched, here.
+    if (idle == 0 && nargs + keywords == 0) {
+      const int awaited = AwaitDispatchesSinceWaited();
+      if (awaited < 0) return nullptr;
+      if (awaited == 1) idle = Idle();
+    }
     if (idle < 0) return nullptr;
     if (idle == 1) {
       PyObject* logs = PyObject_CallNoArgs(barrier.logs);
