@@ -127,7 +127,7 @@ HEADERS = (
     "module_support.h", "python_hooks.h", "python_limited.h",
     "python_memory.h", "python_runner.h", "python_arguments.h",
     "python_results.h", "python_sites.h",
-    "python_dlpack.h",
+    "python_dlpack.h", "python_gil.h",
 )
 
 native = Extension(

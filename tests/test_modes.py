@@ -92,6 +92,40 @@ def test_where_a_tap_runs_and_whether_the_device_waits(outfeed, transport):
   hcb.barrier_wait()
 
 
+def test_synchronous_taps_on_an_xla_thread_keep_its_thread_state(transport):
+  """A scan dispatched behind a running computation runs on one of XLA's
+  threads, which Python did not start. Its host functions all run in that
+  thread's one Python thread state, as on Python's own threads: what a
+  tap function keeps per thread (a `threading.local`) lasts from one tap to
+  the next. (A state made and freed for each tap also cost several times
+  the tap.)"""
+  if transport == "python":
+    pytest.skip("the Python transport's synchronous taps are JAX's own "
+                "callbacks, which take the GIL themselves")
+  jax.config.update("jax_host_callback_outfeed", False)
+  kept, seen = threading.local(), []
+
+  def tap(arg, transforms):
+    del transforms
+    seen.append((threading.get_ident(), getattr(kept, "step", None)))
+    kept.step = int(arg)
+
+  scan = jax.jit(lambda x: jax.lax.scan(
+      lambda c, _: (hcb.id_tap(tap, c) + 1, None), x, None, length=20)[0])
+  busy = jax.jit(lambda y: jax.lax.fori_loop(
+      0, 30, lambda i, z: jnp.tanh(z @ z), y))
+  y = jnp.full((700, 700), 1e-3, jnp.float32)
+
+  def not_ready_zero():
+    return (busy(y)[0, 0] * 0).astype(jnp.int32)
+  jax.block_until_ready(scan(not_ready_zero()))  # compile
+  seen.clear()
+  scan(not_ready_zero()).block_until_ready()
+  threads = {ident for ident, _ in seen}
+  assert len(threads) == 1 and threading.get_ident() not in threads
+  assert [step for _, step in seen] == [None, *range(19)]
+
+
 def test_synchronous_taps_keep_program_order_in_control_flow():
   jax.config.update("jax_host_callback_outfeed", False)
   log = []

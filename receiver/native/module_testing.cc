@@ -11,6 +11,7 @@
 
 #define PY_ARRAY_UNIQUE_SYMBOL hcb_ARRAY_API
 #define NO_IMPORT_ARRAY
+#include "python_gil.h"
 #include "python_sites.h"
 
 #include <cstdint>
@@ -197,12 +198,15 @@ ffi::Error FloorDispatch(ffi::AnyBuffer) { return ffi::Error::Success(); }
 
 // Python's floor: the GIL taken and `floor_function()` called.
 ffi::Error FloorPython(ffi::AnyBuffer) {
-  const PyGILState_STATE gil = PyGILState_Ensure();
-  PyObject* result = PyObject_CallNoArgs(floor_function);
-  Py_XDECREF(result);
-  if (result == nullptr) PyErr_Clear();
-  PyGILState_Release(gil);
-  return result != nullptr
+  bool called;
+  {
+    GilHeld gil;
+    PyObject* result = PyObject_CallNoArgs(floor_function);
+    called = result != nullptr;
+    Py_XDECREF(result);
+    if (!called) PyErr_Clear();
+  }
+  return called
              ? ffi::Error::Success()
              : ffi::Error(ffi::ErrorCode::kInternal, "the floor function raised");
 }

@@ -5,6 +5,8 @@
 #include <new>
 #include <type_traits>
 
+#include "python_gil.h"
+
 namespace hcb::python {
 namespace {
 
@@ -58,9 +60,10 @@ template <typename Managed>
 void Delete(Managed* managed) {
   if (managed == nullptr) return;
   auto* context = static_cast<Context*>(managed->manager_ctx);
-  PyGILState_STATE gil = PyGILState_Ensure();
-  Py_DECREF(context->owner);
-  PyGILState_Release(gil);
+  {
+    GilHeld gil;
+    Py_DECREF(context->owner);
+  }
   delete context;
   delete managed;
 }

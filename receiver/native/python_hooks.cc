@@ -6,6 +6,7 @@
 
 #include "hub.h"
 #include "module_support.h"
+#include "python_gil.h"
 #include "python_limited.h"
 #include "python_runner.h"
 
@@ -16,7 +17,7 @@ PyObject* restart_callable = nullptr;  // owned; guarded by the GIL
 
 // The RestartHook (receiver_link.h): calls Python's restart function.
 int Restart() {
-  PyGILState_STATE gil = PyGILState_Ensure();
+  GilHeld gil;
   int failed = 1;
   if (restart_callable != nullptr) {
     PyObject* result = PyObject_CallNoArgs(restart_callable);
@@ -24,7 +25,6 @@ int Restart() {
     Py_XDECREF(result);
     if (failed) PyErr_Clear();  // the device fails: "cannot start again"
   }
-  PyGILState_Release(gil);
   return failed;
 }
 
@@ -32,7 +32,7 @@ PyObject* nested_callable = nullptr;  // owned; guarded by the GIL
 
 // The NestedConsumer (direct_runs.h): calls Python's nested consumer.
 int ConsumeNested(int64_t device_id) {
-  PyGILState_STATE gil = PyGILState_Ensure();
+  GilHeld gil;
   int failed = 1;
   if (nested_callable != nullptr) {
     PyObject* result = PyObject_CallFunction(nested_callable, "L",
@@ -43,7 +43,6 @@ int ConsumeNested(int64_t device_id) {
       PyErr_WriteUnraisable(nested_callable);  // logged; the device fails
     }
   }
-  PyGILState_Release(gil);
   return failed;
 }
 
@@ -51,10 +50,8 @@ int ConsumeNested(int64_t device_id) {
 // on the main thread reports (and clears) a pending Ctrl-C without running
 // Python code.
 int InterruptOccurred() {
-  PyGILState_STATE gil = PyGILState_Ensure();
-  const int occurred = PyOS_InterruptOccurred();
-  PyGILState_Release(gil);
-  return occurred;
+  GilHeld gil;
+  return PyOS_InterruptOccurred();
 }
 
 // The Rearm hook (interrupts.h), callable without the GIL.

@@ -9,6 +9,7 @@
 #include "hub.h"
 #include "packet.h"
 #include "python_arguments.h"
+#include "python_gil.h"
 #include "python_limited.h"
 #include "python_plain_tap.h"
 #include "python_results.h"
@@ -246,7 +247,7 @@ void StopCallingConsumers() {
 bool RunsHostFunctionHere() { return runner_calls_here > 0; }
 
 GuestOutcome RunWaitingTaps(int64_t device_id) {
-  PyGILState_STATE gil = PyGILState_Ensure();
+  GilHeld gil;
   GuestOutcome outcome = GuestOutcome::kDone;
   DeviceQueue* queue = Hub::Get().Queue(device_id);
   // A packet's bytes, taken out of the queue: reused by the thread.
@@ -286,15 +287,12 @@ GuestOutcome RunWaitingTaps(int64_t device_id) {
     }
     queue->EndGuest();
   }
-  PyGILState_Release(gil);
   return outcome;
 }
 
 DirectOutcome Run(const DirectRequest& request, std::string* error) {
-  PyGILState_STATE gil = PyGILState_Ensure();
-  DirectOutcome outcome = RunWithGil(request, error);
-  PyGILState_Release(gil);
-  return outcome;
+  GilHeld gil;
+  return RunWithGil(request, error);
 }
 
 }  // namespace hcb::python

@@ -71,6 +71,30 @@ def over_bare_scan(step_ops: Dict[str, Callable], steps: int, turns: int
   return values
 
 
+def behind_a_running_computation(step_op: Callable, steps: int, turns: int
+                                 ) -> float:
+  """Seconds that `step_op` adds to each step of a `steps`-step scan
+  dispatched while a computation before it still runs: its input is that
+  computation's output, so XLA runs the scan on one of its own threads
+  rather than the caller's, as in a loop that does not wait for each step.
+  The scan and the bare scan take turns (`in_turns`), each until drained;
+  the computation before them is the same for both."""
+  weights = jnp.full((256, 256), 1e-3, jnp.float32)
+  before = jax.jit(lambda w: jax.lax.fori_loop(
+      0, 20, lambda i, z: jnp.tanh(z @ z), w))
+
+  def run_of(scan: Callable) -> Callable[[], float]:
+    def run() -> float:
+      start = time.perf_counter()
+      jax.block_until_ready(scan(before(weights)[0, 0] * 0))
+      drain()
+      return time.perf_counter() - start
+    return run
+  times = in_turns({"op": run_of(_scan(step_op, steps)),
+                    "bare": run_of(_scan(lambda v: v, steps))}, turns)
+  return (times["op"] - times["bare"]) / steps
+
+
 def slow_consumer_times(step_op: Callable, steps: int, repeat: int
                         ) -> Tuple[float, ...]:
   """Seconds for the jitted call to return, to be ready, and to drain."""

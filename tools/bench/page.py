@@ -48,6 +48,9 @@ SUMMARY: List[Tuple[str, str, Tuple[str, ...], Optional[str]]] = [
      ("debug.callback", "io_callback"), None),
     ("a tap in a scan, per step (outfeed mode, until the taps ran)",
      "scan-tap-drained", ("debug.callback", "io_callback"), None),
+    ("a tap in a scan dispatched while the step before it runs, per step "
+     "(synchronous)", "scan-tap-sync-behind",
+     ("debug.callback", "io_callback"), None),
     ("a call in a jitted step", "step-call",
      ("pure_callback", "io_callback"), "no callback"),
     ("a call in a scan, per step", "scan-call",
@@ -124,7 +127,8 @@ TOPICS: List[Topic] = [
           "`no callback` is the same step without the tap."),
     Topic("Taps in a scan", ("scan-tap-ready", "scan-tap-drained",
                              "scan-tap-sync", "scan-floor-dispatch",
-                             "scan-floor-python", "scan-tap-f32x1000"),
+                             "scan-floor-python", "scan-tap-sync-behind",
+                             "scan-tap-f32x1000"),
           "\"until ready\": until the scan's output is ready; \"until "
           "drained\": until every tap function ran. Every column's tap "
           "function is the same one, which does nothing (JAX's callbacks "
@@ -134,7 +138,11 @@ TOPICS: List[Topic] = [
           "a custom call that does nothing (XLA's dispatch) and one that "
           "takes the GIL and calls a Python function that does nothing "
           "(the Python floor), each the µs it adds to a step of the bare "
-          "scan (`bare scan`, its µs per step), the scans taking turns."),
+          "scan (`bare scan`, its µs per step), the scans taking turns. "
+          "A scan \"dispatched while the computation before it runs\" "
+          "gets that computation's output as its input, so XLA runs it on "
+          "one of its own threads, not the caller's, as in a loop that "
+          "does not wait for each step."),
     Topic("Calls", ("step-call", "scan-call", "call-one", "call-32mib"), ""),
     Topic("A tap then a call in a jitted step",
           ("step-tap-then-call", "step-tap-then-call-sync"),

@@ -14,8 +14,9 @@ import jax.numpy as jnp
 from jax.sharding import NamedSharding, PartitionSpec as P
 
 from . import floors, machine, tap_then_call, ways
-from .measure import (Measure, Values, compare, compare_in_turns,
-                      lens_scan_run, one_shot_time, over_bare_scan, per_event,
+from .measure import (Measure, Values, behind_a_running_computation, compare,
+                      compare_in_turns, lens_scan_run, one_shot_time,
+                      over_bare_scan, per_event,
                       per_update, bar_scan_time, scan_times,
                       slow_consumer_times, step_time)
 
@@ -105,6 +106,13 @@ def _scan(scale: int, repeat: int) -> List[Scenario]:
           ways.tap_hcb, synchronous=True)))
   scenarios += _floors(steps, repeat)
   steps = 10_000 // scale
+  scenarios.append(Scenario(
+      "scan-tap-sync-behind", f"tap f32 scalar, per step of a {steps}-step "
+      "scan dispatched while the computation before it runs, over the bare "
+      "scan (synchronous)", "µs", compare(
+          lambda make: 1e6 * behind_a_running_computation(
+              make(ways.noop), steps, repeat),
+          ways.TAPPERS, ways.tap_hcb, synchronous=True)))
   scenarios.append(Scenario(
       "scan-tap-f32x1000", f"tap f32[1000], per step of a {steps}-step scan "
       "(until drained)", "µs", compare(
