@@ -17,6 +17,7 @@ import time
 from typing import Any, Callable, Dict, Iterator, List, Optional, Tuple
 
 import jax
+import jax.numpy as jnp
 import numpy as np
 import pytest
 
@@ -129,6 +130,14 @@ def compiled_modules(monkeypatch: Any) -> List[Tuple[Any, Any]]:
     return executable
   monkeypatch.setattr(compiler, "compile_or_get_cached", watched)
   return seen
+
+
+@jax.jit
+def keep_busy(x: jax.Array) -> jax.Array:
+  """A computation without callbacks that keeps a CPU device busy for about
+  0.1-0.3 s on a 700x700 `x`: what it returns is not ready when a later
+  one is dispatched."""
+  return jax.lax.fori_loop(0, 30, lambda i, y: jnp.tanh(y @ y), x)
 
 
 def needs_cpu_default_backend(why: str) -> None:

@@ -18,22 +18,15 @@ from host_callback.barrier import barrier, idle, probes
 from host_callback.primitive import executions
 from host_callback.host import host_side
 from host_callback.host.device_numbers import zero_on
-from helpers import (Recorder, cpu_devices, needs_cpu_default_backend,
-                     no_barrier_probe_on)
+from helpers import (Recorder, cpu_devices, keep_busy,
+                     needs_cpu_default_backend, no_barrier_probe_on)
 
 pytestmark = pytest.mark.usefixtures("both_modes")
 
 
-@jax.jit
-def _busy(x):
-  """A computation without callbacks that keeps a CPU device busy for about
-  0.1-0.3 s: what it returns is not ready when a later one is dispatched."""
-  return jax.lax.fori_loop(0, 30, lambda i, y: jnp.tanh(y @ y), x)
-
-
 def _busy_input(device):
   x = jax.device_put(jnp.full((700, 700), 1e-3, jnp.float32), device)
-  _busy(x).block_until_ready()  # compile
+  keep_busy(x).block_until_ready()  # compile
   return x
 
 
@@ -49,7 +42,7 @@ def _sent_and_begun():
     (0, "main"), (3, "main"), (3, "another")])
 def test_barrier_waits_for_a_step_whose_input_was_not_ready(device_index,
                                                             thread):
-  """The step waits for `_busy`'s output; its outputs are dropped, so
+  """The step waits for `keep_busy`'s output; its outputs are dropped, so
   nothing the program holds refers to it. XLA's CPU client orders
   computations per device and per dispatching thread: a barrier covers what
   its own thread dispatched, on the main thread or another."""
@@ -64,7 +57,7 @@ def test_barrier_waits_for_a_step_whose_input_was_not_ready(device_index,
 
   def dispatch_and_wait():
     for i in range(3):
-      step(_busy(x) + i)  # output dropped at once
+      step(keep_busy(x) + i)  # output dropped at once
     hcb.barrier_wait()
     received.extend(float(a) for a in recorder.args)
   if thread == "main":
@@ -73,7 +66,7 @@ def test_barrier_waits_for_a_step_whose_input_was_not_ready(device_index,
     dispatcher = threading.Thread(target=dispatch_and_wait)
     dispatcher.start()
     dispatcher.join()
-  expected = [float(np.sum(_busy(x)[0, :3]) + 3 * i) for i in range(3)]
+  expected = [float(np.sum(keep_busy(x)[0, :3]) + 3 * i) for i in range(3)]
   np.testing.assert_allclose(received, expected, rtol=1e-5)
 
 
@@ -86,7 +79,7 @@ def test_barrier_waits_for_a_pmap_whose_input_was_not_ready():
   hcb.barrier_wait()
   recorder.calls.clear()
 
-  busy = jax.pmap(lambda x, i: _busy(x)[0, 0] * 0.0 + i, devices=devices)
+  busy = jax.pmap(lambda x, i: keep_busy(x)[0, 0] * 0.0 + i, devices=devices)
   x = jnp.full((4, 700, 700), 1e-3, jnp.float32)
   busy(x, jnp.arange(4.0)).block_until_ready()  # compile
   step(busy(x, jnp.arange(4.0)))  # waits for busy; output dropped at once
@@ -128,7 +121,7 @@ def test_barrier_waits_for_a_long_op_between_two_callbacks(monkeypatch):
   step(x)
   hcb.barrier_wait()
   seen.clear()
-  step(_busy(x))  # output dropped at once
+  step(keep_busy(x))  # output dropped at once
   hcb.barrier_wait()
   assert seen == ["call", "tap"]
 
@@ -192,7 +185,7 @@ def test_a_barrier_after_finished_steps_dispatches_nothing(
 
 @pytest.mark.parametrize("steps", [1, 4, 5])
 def test_barrier_waits_for_kept_steps_whose_input_was_not_ready(steps):
-  """Each step waits for `_busy`'s output, and the program holds every
+  """Each step waits for `keep_busy`'s output, and the program holds every
   output: those arrays are not ready, so the barrier waits for the steps
   (on those arrays, or on its probes after more dispatches, 10, than it
   follows)."""
@@ -205,24 +198,24 @@ def test_barrier_waits_for_kept_steps_whose_input_was_not_ready(steps):
   recorder.calls.clear()
   kept = []
   for y in inputs:
-    busy = _busy(y)
+    busy = keep_busy(y)
     kept.append((busy, step(busy)))
   hcb.barrier_wait()
   received = [float(a) for a in recorder.args]
   del kept
-  expected = [float(np.sum(_busy(y)[0, :3])) for y in inputs]
+  expected = [float(np.sum(keep_busy(y)[0, :3])) for y in inputs]
   np.testing.assert_allclose(received, expected, rtol=1e-5)
 
 
 def _running_step(recorder, x):
-  """A step with a tap, then one that was dispatched behind `_busy` (it
+  """A step with a tap, then one that was dispatched behind `keep_busy` (it
   still runs) with its input and outputs held: a training step that a
   barrier follows."""
   step = jax.jit(lambda y: (hcb.id_tap(recorder, jnp.sum(y[0, :3])), y))
   step(x)
   hcb.barrier_wait()
   recorder.calls.clear()
-  busy = _busy(x)
+  busy = keep_busy(x)
   return busy, step(busy)
 
 
@@ -258,7 +251,7 @@ def test_a_barrier_after_a_running_step_that_fails_reports_as_before(
                             y))
   x = _busy_input(cpu_devices(1)[0])
   hcb.barrier_wait()
-  outputs = step(_busy(x))
+  outputs = step(keep_busy(x))
   if both_modes == "synchronous":
     hcb.barrier_wait()
   else:
@@ -382,14 +375,14 @@ def test_probes_compiled_inside_a_mesh_run_on_their_own_devices(while_tracing):
   if while_tracing:
     with jax.set_mesh(mesh):
       jax.jit(traced)(jnp.float32(1))
-    step(_busy(x))  # output dropped at once
+    step(keep_busy(x))  # output dropped at once
     hcb.barrier_wait()
   else:
-    step(_busy(x))
+    step(keep_busy(x))
     with jax.set_mesh(mesh):
       hcb.barrier_wait()
   np.testing.assert_allclose([float(a) for a in recorder.args],
-                             [float(np.sum(_busy(x)[0, :3]))], rtol=1e-5)
+                             [float(np.sum(keep_busy(x)[0, :3]))], rtol=1e-5)
 
 
 def test_a_barrier_called_while_jax_traces():
@@ -468,7 +461,7 @@ def test_barrier_waits_when_jax_debug_nans_took_the_dispatch_hook(
   jax.config.update("jax_debug_nans", True)
   try:
     jax.config.update("jax_debug_nans", debug_nans)
-    step(_busy(x))  # output dropped at once
+    step(keep_busy(x))  # output dropped at once
     hcb.barrier_wait()
   finally:
     jax.config.update("jax_debug_nans", False)
@@ -486,7 +479,7 @@ def test_barrier_waits_for_a_new_pmap_first_called_on_another_thread():
   recorder = Recorder()
 
   def first_calls():
-    busy = jax.pmap(lambda x, i: _busy(x)[0, 0] * 0.0 + i, devices=devices)
+    busy = jax.pmap(lambda x, i: keep_busy(x)[0, 0] * 0.0 + i, devices=devices)
     step = jax.pmap(lambda v: hcb.id_tap(recorder, v, tap_with_device=True),
                     devices=devices)
     step(busy(x, jnp.arange(4.0)))  # waits for busy; output dropped at once

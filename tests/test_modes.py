@@ -10,8 +10,8 @@ import numpy as np
 import pytest
 
 import host_callback as hcb
-from helpers import (Recorder, cpu_devices, needs_cpu_default_backend,
-                     run_python)
+from helpers import (Recorder, cpu_devices, keep_busy,
+                     needs_cpu_default_backend, run_python)
 
 
 @pytest.fixture(autouse=True)
@@ -112,12 +112,10 @@ def test_synchronous_taps_on_an_xla_thread_keep_its_thread_state(transport):
 
   scan = jax.jit(lambda x: jax.lax.scan(
       lambda c, _: (hcb.id_tap(tap, c) + 1, None), x, None, length=20)[0])
-  busy = jax.jit(lambda y: jax.lax.fori_loop(
-      0, 30, lambda i, z: jnp.tanh(z @ z), y))
   y = jnp.full((700, 700), 1e-3, jnp.float32)
 
   def not_ready_zero():
-    return (busy(y)[0, 0] * 0).astype(jnp.int32)
+    return (keep_busy(y)[0, 0] * 0).astype(jnp.int32)
   jax.block_until_ready(scan(not_ready_zero()))  # compile
   seen.clear()
   scan(not_ready_zero()).block_until_ready()

@@ -120,6 +120,17 @@ int Ready(PyObject* reference) {
   return ready == Py_True ? 1 : 0;
 }
 
+// The calling thread's list of weak references (borrowed) where each of
+// its dispatches numbered after `after`, up to `last` (at least one, and
+// at most kDispatchesFollowed), was noted; null where one was not.
+PyObject* NotedSlots(int64_t after, int64_t last) {
+  if (last <= after || last - after > kDispatchesFollowed) return nullptr;
+  for (int64_t number = after + 1; number <= last; ++number) {
+    if (noted[number % kDispatchesFollowed] != number) return nullptr;
+  }
+  return Slots(false);
+}
+
 }  // namespace
 
 void SetDispatchedArrayType(PyObject* type) {
@@ -159,12 +170,10 @@ void NoteDispatchedOutput(PyObject* output, int64_t number) {
 
 bool DispatchesFinished(int64_t after, int64_t last) {
   if (last == after) return true;  // none since
-  if (last < after || last - after > kDispatchesFollowed) return false;
-  PyObject* slots = Slots(false);
+  PyObject* slots = NotedSlots(after, last);
   if (slots == nullptr) return false;
   for (int64_t number = after + 1; number <= last; ++number) {
     const int64_t entry = number % kDispatchesFollowed;
-    if (noted[entry] != number) return false;
     // One array ready suffices: none is before the execution's end.
     const int first = Ready(PyList_GetItem(slots, 2 * entry));
     if (first == 0 ||
@@ -176,12 +185,10 @@ bool DispatchesFinished(int64_t after, int64_t last) {
 }
 
 int AwaitDispatches(int64_t after, int64_t last) {
-  if (last <= after || last - after > kDispatchesFollowed) return 0;
-  PyObject* slots = Slots(false);
+  PyObject* slots = NotedSlots(after, last);
   if (slots == nullptr) return 0;
   for (int64_t number = after + 1; number <= last; ++number) {
     const int64_t entry = number % kDispatchesFollowed;
-    if (noted[entry] != number) return 0;
     PyObject* array = Referent(PyList_GetItem(slots, 2 * entry));
     if (array == nullptr) {
       array = Referent(PyList_GetItem(slots, 2 * entry + 1));

@@ -55,13 +55,16 @@ def scan_times(step_op: Callable, steps: int, x, repeat: int
   return median_of(run, repeat)
 
 
-def over_bare_scan(step_ops: Dict[str, Callable], steps: int, turns: int
-                   ) -> Values:
+def over_bare_scan(step_ops: Dict[str, Callable], steps: int, turns: int,
+                   input_of: Optional[Callable[[], Any]] = None) -> Values:
   """µs that each of `step_ops` adds to a step of a `steps`-step scan of
   `x + 1`, its runs (until drained) taking turns (`in_turns`) with the
-  bare scan's; and the bare scan's µs per step, as "bare scan"."""
-  x = jnp.float32(0)
-  times = in_turns({name: one_shot_run(_scan(op, steps), x)
+  bare scan's; and the bare scan's µs per step, as "bare scan". Each run
+  starts from `input_of()`, made in its time (default: a ready 0)."""
+  if input_of is None:
+    zero = jnp.float32(0)
+    input_of = lambda: zero  # noqa: E731
+  times = in_turns({name: _until_drained(_scan(op, steps), input_of)
                     for name, op in {"bare scan": lambda v: v,
                                      **step_ops}.items()}, turns)
   bare = times.pop("bare scan")
@@ -73,26 +76,16 @@ def over_bare_scan(step_ops: Dict[str, Callable], steps: int, turns: int
 
 def behind_a_running_computation(step_op: Callable, steps: int, turns: int
                                  ) -> float:
-  """Seconds that `step_op` adds to each step of a `steps`-step scan
-  dispatched while a computation before it still runs: its input is that
-  computation's output, so XLA runs the scan on one of its own threads
-  rather than the caller's, as in a loop that does not wait for each step.
-  The scan and the bare scan take turns (`in_turns`), each until drained;
-  the computation before them is the same for both."""
+  """µs that `step_op` adds to each step of a `steps`-step scan dispatched
+  while a computation before it still runs (`over_bare_scan`): its input
+  is that computation's output, so XLA runs the scan on one of its own
+  threads rather than the caller's, as in a loop that does not wait for
+  each step."""
   weights = jnp.full((256, 256), 1e-3, jnp.float32)
   before = jax.jit(lambda w: jax.lax.fori_loop(
       0, 20, lambda i, z: jnp.tanh(z @ z), w))
-
-  def run_of(scan: Callable) -> Callable[[], float]:
-    def run() -> float:
-      start = time.perf_counter()
-      jax.block_until_ready(scan(before(weights)[0, 0] * 0))
-      drain()
-      return time.perf_counter() - start
-    return run
-  times = in_turns({"op": run_of(_scan(step_op, steps)),
-                    "bare": run_of(_scan(lambda v: v, steps))}, turns)
-  return (times["op"] - times["bare"]) / steps
+  return over_bare_scan({"op": step_op}, steps, turns,
+                        input_of=lambda: before(weights)[0, 0] * 0)["op"]
 
 
 def slow_consumer_times(step_op: Callable, steps: int, repeat: int
@@ -112,17 +105,22 @@ def slow_consumer_times(step_op: Callable, steps: int, repeat: int
   return median_of(run, repeat)
 
 
-def one_shot_run(op: Callable, x) -> Callable[[], float]:
-  """`run()`: seconds for jitted `op(x)` until ready and its callbacks
+def _until_drained(f: Callable, input_of: Callable[[], Any]
+                   ) -> Callable[[], float]:
+  """`run()`: seconds for `f(input_of())` until ready and its callbacks
   drained."""
-  f = jax.jit(op)
-
   def run() -> float:
     start = time.perf_counter()
-    jax.block_until_ready(f(x))
+    jax.block_until_ready(f(input_of()))
     drain()
     return time.perf_counter() - start
   return run
+
+
+def one_shot_run(op: Callable, x) -> Callable[[], float]:
+  """`run()`: seconds for jitted `op(x)` until ready and its callbacks
+  drained."""
+  return _until_drained(jax.jit(op), lambda: x)
 
 
 def one_shot_time(op: Callable, x, repeat: int) -> float:

@@ -110,7 +110,7 @@ def _scan(scale: int, repeat: int) -> List[Scenario]:
       "scan-tap-sync-behind", f"tap f32 scalar, per step of a {steps}-step "
       "scan dispatched while the computation before it runs, over the bare "
       "scan (synchronous)", "µs", compare(
-          lambda make: 1e6 * behind_a_running_computation(
+          lambda make: behind_a_running_computation(
               make(ways.noop), steps, repeat),
           ways.TAPPERS, ways.tap_hcb, synchronous=True)))
   scenarios.append(Scenario(
