@@ -117,6 +117,7 @@ def test_synchronous_taps_on_an_xla_thread_keep_its_thread_state(transport):
   def not_ready_zero():
     return (keep_busy(y)[0, 0] * 0).astype(jnp.int32)
   jax.block_until_ready(scan(not_ready_zero()))  # compile
+  kept = threading.local()  # the compiling run may have used the same thread
   seen.clear()
   scan(not_ready_zero()).block_until_ready()
   threads = {ident for ident, _ in seen}
