@@ -18,7 +18,7 @@ import threading
 from types import ModuleType
 from typing import Any, Callable, Dict, Optional, Sequence, Tuple
 
-ABI_VERSION = 30
+ABI_VERSION = 31
 
 
 def _load() -> Optional[ModuleType]:
@@ -147,7 +147,8 @@ def dispatch_hook() -> Callable[..., None]:
 def configure_idle_check(
     given_up: Tuple[Any, str], lowerings: Tuple[Any, str],
     empty: Sequence[Tuple[Any, str]], same: Sequence[Tuple[Any, str, Any]],
-    drained: Sequence[Tuple[Any, str, str, str]], array_type: type) -> None:
+    drained: Sequence[Tuple[Any, str, str, str]], array_type: type,
+    consumed_here: int) -> None:
   """What the idle check reads besides the native counts, each as (object,
   attribute name): the executions in flight that barriers gave up on, the
   computations over several devices lowered, attributes that must be
@@ -155,14 +156,16 @@ def configure_idle_check(
   attribute, enqueued, finished): a dict of queues, each of which must
   have its attributes `enqueued` and `finished` equal. `array_type`: the
   type of the arrays a dispatch outputs, whose `is_ready()` tells whether
-  the dispatch has finished. Forgets the barriers that waited."""
+  the dispatch has finished. `consumed_here`: the most taps waiting on a
+  queue that a barrier runs on its own thread once the dispatches it waits
+  for have finished. Forgets the barriers that waited."""
   assert native is not None, "the native transport is not built"
   native.idle_check_configure(_from_namespace(given_up),
                               _from_namespace(lowerings),
                               tuple(map(_from_namespace, empty)),
                               tuple(map(_from_namespace, same)),
                               tuple(map(_from_namespace, drained)),
-                              array_type)
+                              array_type, consumed_here)
 
 
 def _from_namespace(watch: Sequence[Any]) -> Tuple[Any, ...]:

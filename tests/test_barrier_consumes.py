@@ -14,7 +14,7 @@ import jax.numpy as jnp
 import pytest
 
 import host_callback as hcb
-from host_callback.barrier import probes
+from host_callback.barrier import idle, probes
 from helpers import needs_cpu_default_backend
 
 pytestmark = pytest.mark.usefixtures("outfeed_mode")
@@ -71,6 +71,37 @@ def test_after_a_finished_step_the_barrier_runs_its_taps_without_probes(
     assert len(ran_on) == 1 and kept[1] == 1
     if ran_on[0] == threading.get_ident():
       assert dispatched == []
+      return
+  pytest.fail(f"no tap of {_ATTEMPTS} ran on the barrier's thread")
+
+
+def test_after_a_step_the_native_barrier_runs_its_taps_in_its_one_call(
+    transport, monkeypatch):
+  """On the native transport, the barrier right after a step runs the taps
+  the step left waiting without its Python frame: the native call that
+  waited on the step's outputs runs them (the guest consumer of a call),
+  then finds nothing left."""
+  needs_cpu_default_backend(_CPU_PROBES_ONLY)
+  if transport == "python":
+    pytest.skip("the Python transport's barrier is Python")
+  ran_on, python_barriers = [], []
+  step = jax.jit(lambda x: (hcb.id_tap(
+      lambda v, transforms: ran_on.append(int(v)) or ran_on.append(
+          threading.get_ident()), x), x + 1))
+  x = jnp.int32(0)
+  step(x)
+  hcb.barrier_wait()
+  now = idle.now
+  monkeypatch.setattr(idle, "now",
+                      lambda: python_barriers.append(1) or now())
+  for i in range(_ATTEMPTS):
+    ran_on.clear()
+    python_barriers.clear()
+    _, x = step(x)
+    hcb.barrier_wait()
+    assert ran_on[0] == i
+    if ran_on[1] == threading.get_ident():
+      assert python_barriers == []
       return
   pytest.fail(f"no tap of {_ATTEMPTS} ran on the barrier's thread")
 

@@ -47,10 +47,6 @@ logger = logging.getLogger("host_callback")
 # rounds (another thread may be tapping without pause).
 _SETTLE_SECONDS = 0.02
 _MAX_ROUNDS = 500
-# The most host functions a barrier runs on its own thread at a time: a few
-# waiting taps run sooner there than on a receiver thread woken for them; a
-# backlog runs faster in that thread's batches.
-_CONSUMED_HERE = 16
 # A computation that stays in flight this long while no packet is sent or
 # waits, when every computation dispatched has finished (`probes`), was
 # stopped by an op that is not ours (say, a jax.pure_callback that raised),
@@ -340,7 +336,7 @@ def _wait_for_devices() -> bool:
         break
       if host_side.queues_drained():
         return True
-      if not host_side.runtime.consume_here(_CONSUMED_HERE):
+      if not host_side.runtime.consume_here(idle.CONSUMED_HERE):
         host_side.wait_released()
   busy, quiet_since = False, None
   for _ in range(_MAX_ROUNDS):
@@ -388,7 +384,7 @@ def _idle_once_run_here() -> bool:
   left. Elsewhere the markers go through the receiver threads, as
   before."""
   return (probes.cover(host_side.runtime.open_device_ids()) and
-          host_side.runtime.consume_here(_CONSUMED_HERE) and idle.now())
+          host_side.runtime.consume_here(idle.CONSUMED_HERE) and idle.now())
 
 
 def barrier_wait(logging_name: Optional[str] = None) -> None:

@@ -2,6 +2,8 @@
 but what is known to have finished, nothing in flight, every queue
 drained, nothing to release or raise; then `barrier_wait` costs one native
 call (`receiver/native/idle_check.cc`) instead of its probes (`probes`).
+Right after a step, that call first waits on the step's outputs, then runs
+the taps the step left waiting (the outfeed mode's) on its own thread.
 
 JAX calls a hook after each dispatch through its C++ fast path (see
 `_jax_adapter.hook_dispatches`), which the native module counts per thread
@@ -45,6 +47,12 @@ from ..receiver.consumer_threads import consumer_threads
 def _never() -> bool:
   return False
 
+
+# The most host functions a barrier runs on its own thread at a time (the
+# native barrier: the most taps waiting on a queue that it runs): a few
+# waiting taps run sooner there than on a receiver thread woken for them; a
+# backlog runs faster in that thread's batches.
+CONSUMED_HERE = 16
 
 # now(): whether a barrier on this thread would find nothing to wait for,
 # release or raise (see the module's docstring): the native check, false
@@ -109,7 +117,8 @@ def _configure(in_flight: Any, hook: Callable[..., None],
           transport.drained_watch()
           for name, transport in runtime.transports().items()
           if name != transport_native.NativeTransport.name),
-      array_type=adapter.dispatched_array_type())
+      array_type=adapter.dispatched_array_type(),
+      consumed_here=CONSUMED_HERE)
 
 
 def waited(covered: bool) -> None:

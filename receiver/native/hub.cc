@@ -60,6 +60,28 @@ bool Hub::Drained() {
   return drained;
 }
 
+GuestOutcome Hub::RunWaitingTaps(int64_t max_waiting) {
+  const GuestConsumer guest = direct_runs_.guest_consumer();
+  if (guest == nullptr) return GuestOutcome::kDone;
+  std::vector<int64_t> waiting;
+  {
+    std::lock_guard<std::mutex> lock(mu_);
+    for (auto& [device_id, queue] : queues_) {
+      const int64_t packets = queue->ReadStats().waiting;
+      if (device_id < kCudaQueueBase && packets > 0 &&
+          packets <= max_waiting) {
+        waiting.push_back(device_id);
+      }
+    }
+  }
+  for (const int64_t device_id : waiting) {
+    if (guest(device_id) == GuestOutcome::kInterrupted) {
+      return GuestOutcome::kInterrupted;
+    }
+  }
+  return GuestOutcome::kDone;
+}
+
 DeviceQueue* Hub::Queue(int64_t device_id) {
   const bool fast = device_id >= 0 && device_id < kFastDeviceIds;
   if (fast) {

@@ -63,6 +63,12 @@ class Hub {
   // Whether every packet pushed so far, on any queue, is finished: what a
   // barrier checks, in one call, once the devices have finished.
   bool Drained();
+  // On a barrier's thread, once the devices it waits for have finished:
+  // the taps waiting on each CPU queue that holds at most `max_waiting`
+  // packets run here, as those before a request do (the guest consumer,
+  // direct_runs.h), not on a receiver thread woken for them; the rest stay
+  // for the consumer threads. kInterrupted once Ctrl-C stopped one.
+  GuestOutcome RunWaitingTaps(int64_t max_waiting);
 
   // Device side, with arrays checked against the site (SiteSizes::Check):
   // a tap's packet on the device's queue (DeviceQueue::Push).

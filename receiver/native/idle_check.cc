@@ -20,7 +20,8 @@
 // there. An idle barrier after finished dispatches records their counts
 // as a barrier that waited would. A barrier that is not idle first waits
 // for those dispatches where it can (AwaitDispatchesSinceWaited), then
-// checks again. The Python side is
+// checks again; if not idle yet, it runs the taps they left waiting on the
+// queues (the outfeed mode's) and checks once more. The Python side is
 // host_callback/barrier/idle.py and
 // receiver/native_library.py:configure_idle_check.
 
@@ -47,6 +48,8 @@ struct Watches {
   PyObject* same = nullptr;       // ((object, attribute, expected), ...)
   PyObject* drained = nullptr;    // ((object, attribute, enqueued,
                                   //   finished), ...)
+  int64_t consumed_here = 0;      // the most taps waiting on a queue
+                                  //   that a barrier runs itself
   int64_t generation = 0;         // bumped by each configure
 };
 Watches watches;
@@ -151,17 +154,19 @@ int WatchesHold() {
 }
 
 // idle_check_configure(given_up, lowerings, empty, same, drained,
-// array_type): see Watches, and dispatched_outputs.h for `array_type`, the
-// type of the arrays a dispatch outputs; forgets every thread's recorded
-// counts.
+// array_type, consumed_here): see Watches, and dispatched_outputs.h for
+// `array_type`, the type of the arrays a dispatch outputs; forgets every
+// thread's recorded counts.
 PyObject* Configure(PyObject*, PyObject* args) {
   PyObject *given_up, *lowerings, *empty, *same, *drained, *array_type;
-  if (!PyArg_ParseTuple(args, "O!O!O!O!O!O!", &PyTuple_Type, &given_up,
+  long long consumed_here;
+  if (!PyArg_ParseTuple(args, "O!O!O!O!O!O!L", &PyTuple_Type, &given_up,
                         &PyTuple_Type, &lowerings, &PyTuple_Type, &empty,
                         &PyTuple_Type, &same, &PyTuple_Type, &drained,
-                        &PyType_Type, &array_type)) {
+                        &PyType_Type, &array_type, &consumed_here)) {
     return nullptr;
   }
+  watches.consumed_here = consumed_here;
   SetDispatchedArrayType(array_type);
   PyObject* const given[] = {given_up, lowerings, empty, same, drained};
   PyObject** const slots[] = {&watches.given_up, &watches.lowerings,
@@ -251,6 +256,19 @@ int AwaitDispatchesSinceWaited() {
                          Dispatches::Get().OnThisThread());
 }
 
+// Once the dispatches since the last barrier that waited have finished
+// (AwaitDispatchesSinceWaited), what a barrier still waits for is
+// typically their taps, queued in the outfeed mode: runs those here, as
+// the Python barrier would (`consume_here`), with no hand-off to a
+// receiver thread. 0, or -1 with KeyboardInterrupt set where Ctrl-C
+// stopped one (which the Python barrier raises too).
+int RunWaitingTapsHere() {
+  const GuestOutcome outcome = hub().RunWaitingTaps(watches.consumed_here);
+  if (outcome != GuestOutcome::kInterrupted) return 0;
+  PyErr_SetNone(PyExc_KeyboardInterrupt);
+  return -1;
+}
+
 // idle_now() -> whether a barrier on this thread is idle (see the top).
 PyObject* IdleNow(PyObject*, PyObject*) {
   const int idle = Idle();
@@ -293,6 +311,10 @@ PyObject* BarrierWait(PyObject*, PyObject* const* args, Py_ssize_t nargs,
       const int awaited = AwaitDispatchesSinceWaited();
       if (awaited < 0) return nullptr;
       if (awaited == 1) idle = Idle();
+      if (awaited == 1 && idle == 0) {
+        if (RunWaitingTapsHere() < 0) return nullptr;
+        idle = Idle();
+      }
     }
     if (idle < 0) return nullptr;
     if (idle == 1) {

@@ -32,7 +32,7 @@ namespace {
 
 // Bumped whenever a function's signature changes (the module's
 // ABI_VERSION, which receiver/native_library.py checks).
-constexpr int kAbiVersion = 30;
+constexpr int kAbiVersion = 31;
 
 // Adds `name` = `value` (a new reference, or null with an exception set)
 // to `module`; false with an exception set.
