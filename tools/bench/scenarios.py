@@ -105,7 +105,6 @@ def _scan(scale: int, repeat: int) -> List[Scenario]:
           ways.TAPPERS,
           ways.tap_hcb, synchronous=True)))
   scenarios += _floors(steps, repeat)
-  steps = 10_000 // scale
   scenarios.append(Scenario(
       "scan-tap-sync-behind", f"tap f32 scalar, per step of a {steps}-step "
       "scan dispatched while the computation before it runs, over the bare "
@@ -113,6 +112,7 @@ def _scan(scale: int, repeat: int) -> List[Scenario]:
           lambda make: behind_a_running_computation(
               make(ways.noop), steps, repeat),
           ways.TAPPERS, ways.tap_hcb, synchronous=True)))
+  steps = 10_000 // scale
   scenarios.append(Scenario(
       "scan-tap-f32x1000", f"tap f32[1000], per step of a {steps}-step scan "
       "(until drained)", "µs", compare(
