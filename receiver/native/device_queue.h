@@ -90,6 +90,8 @@ class DeviceQueue {
   DeviceQueue(int64_t device_id, const QueueLinks& links)
       : device_id_(device_id), links_(links) {}
 
+  int64_t device_id() const { return device_id_; }
+
   // Device side: copies `arrays` into a new packet, first waiting while the
   // queue is over its bound. This is the packet's only copy when it is
   // large (a block from the pool, which the host function's arrays then

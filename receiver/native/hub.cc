@@ -63,17 +63,14 @@ bool Hub::Drained() {
 GuestOutcome Hub::RunWaitingTaps(int64_t max_waiting) {
   const GuestConsumer guest = direct_runs_.guest_consumer();
   if (guest == nullptr) return GuestOutcome::kDone;
-  std::vector<int64_t> waiting;
-  {
-    std::lock_guard<std::mutex> lock(mu_);
-    for (auto& [device_id, queue] : queues_) {
-      const int64_t packets = queue->ReadStats().waiting;
-      if (device_id < kCudaQueueBase && packets > 0 &&
-          packets <= max_waiting) {
-        waiting.push_back(device_id);
-      }
+  std::vector<int64_t> waiting;  // run after ForEachQueue let `mu_` go
+  ForEachQueue([&](DeviceQueue& queue) {
+    const int64_t packets = queue.ReadStats().waiting;
+    if (queue.device_id() < kCudaQueueBase && packets > 0 &&
+        packets <= max_waiting) {
+      waiting.push_back(queue.device_id());
     }
-  }
+  });
   for (const int64_t device_id : waiting) {
     if (guest(device_id) == GuestOutcome::kInterrupted) {
       return GuestOutcome::kInterrupted;

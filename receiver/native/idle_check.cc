@@ -310,10 +310,12 @@ PyObject* BarrierWait(PyObject*, PyObject* const* args, Py_ssize_t nargs,
     if (idle == 0 && nargs + keywords == 0) {
       const int awaited = AwaitDispatchesSinceWaited();
       if (awaited < 0) return nullptr;
-      if (awaited == 1) idle = Idle();
-      if (awaited == 1 && idle == 0) {
-        if (RunWaitingTapsHere() < 0) return nullptr;
+      if (awaited == 1) {
         idle = Idle();
+        if (idle == 0) {
+          if (RunWaitingTapsHere() < 0) return nullptr;
+          idle = Idle();
+        }
       }
     }
     if (idle < 0) return nullptr;
